@@ -1,0 +1,142 @@
+"""Logical axis names -> mesh axes: the one rule table, and helpers built on it.
+
+Models name every dimension logically (`embed`, `mlp`, `heads`, ...). This module alone knows
+which mesh axis each name goes to. Lookup is first-match: for each dimension the first rule whose
+mesh axes are unused by earlier dimensions (and, given a shape and a mesh, divide the size) wins;
+so one mesh axis never shards two dimensions, and an unknown name is an error instead of being
+passed through as a mesh axis (Flax's own lookup does that, last-match-wins).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MeshAxes = str | tuple[str, ...] | None
+
+LOGICAL_RULES: tuple[tuple[str, MeshAxes], ...] = (
+    # Parameters. FSDP shards `embed`; tensor parallelism (Megatron) splits heads and MLP.
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("classes", "tensor"),
+    ("classes", None),
+    ("layers", None),
+    ("stage", "pipeline"),
+    ("repeats", None),
+    ("patch", None),
+    # Activations. Their embed stays whole: FSDP gathers weights, not activations.
+    ("batch", ("data", "fsdp")),
+    ("batch", "data"),
+    ("batch", None),
+    ("microbatch", None),
+    ("length", None),
+    ("act_embed", None),
+    ("act_mlp", "tensor"),
+    ("act_heads", "tensor"),
+    ("act_kv", None),
+    ("act_classes", "tensor"),
+    ("act_classes", None),
+    ("time", None),
+    ("height", None),
+    ("width", None),
+    ("channels", None),
+)
+
+KNOWN_NAMES = frozenset(name for name, _ in LOGICAL_RULES)
+
+
+def _as_tuple(axes: MeshAxes) -> tuple[str, ...]:
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def logical_to_mesh(
+    names: Sequence[str | None],
+    shape: Sequence[int] | None = None,
+    mesh: Mesh | jax.sharding.AbstractMesh | None = None,
+    rules: Sequence[tuple[str, MeshAxes]] = LOGICAL_RULES,
+) -> PartitionSpec:
+    """The PartitionSpec for a tuple of logical names (None = replicated dimension).
+
+    With `mesh`, mesh axes of size 1 are left out and, with `shape` too, a rule whose mesh axes do
+    not divide the dimension is passed over for the next rule of that name.
+    """
+    known = {name for name, _ in rules}
+    used: set[str] = set()
+    spec: list[MeshAxes] = []
+    for dim, name in enumerate(names):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in known:
+            raise ValueError(
+                f"unknown logical axis name {name!r} in {tuple(names)}; known names: {', '.join(sorted(known))}"
+            )
+        chosen: tuple[str, ...] = ()
+        for rule_name, axes in rules:
+            if rule_name != name:
+                continue
+            candidate = _as_tuple(axes)
+            if mesh is not None:
+                candidate = tuple(a for a in candidate if mesh.shape[a] > 1)
+            if used.intersection(candidate):
+                continue
+            if shape is not None and mesh is not None and candidate:
+                if shape[dim] % math.prod(mesh.shape[a] for a in candidate):
+                    continue
+            chosen = candidate
+            break
+        used.update(chosen)
+        spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else chosen)
+    return PartitionSpec(*spec)
+
+
+def partitioned(initializer: Callable[..., jax.Array], *names: str | None) -> Callable[..., jax.Array]:
+    """Wraps a Flax initializer so the parameter carries its logical axis names.
+
+    Eager sharding is off: parameters get their shardings from `tree_shardings` through the rule
+    table, never from Flax's name lookup.
+    """
+    return nnx.with_partitioning(initializer, names, eager_sharding=False)
+
+
+def _variable_names(variable: nnx.Variable) -> tuple[str | None, ...]:
+    names = variable.get_metadata("out_sharding", None)
+    if names is None:
+        raise ValueError(
+            f"parameter of shape {variable.shape} has no logical axis names; create it with "
+            "triskele.mesh.partitioned(...)"
+        )
+    return tuple(names)
+
+
+def _map_variables(state: nnx.State, fn: Callable[[nnx.Variable], Any]) -> dict[str, Any]:
+    return nnx.to_pure_dict(nnx.from_flat_state([(path, fn(v)) for path, v in nnx.to_flat_state(state)]))
+
+
+def tree_logical_names(state: nnx.State) -> dict[str, Any]:
+    """Pure-dict tree of the logical names of every variable in an (abstract) NNX state."""
+    return _map_variables(state, _variable_names)
+
+
+def tree_shardings(state: nnx.State, mesh: Mesh) -> dict[str, Any]:
+    """Pure-dict tree of NamedShardings for every variable of an (abstract) NNX state."""
+    return _map_variables(
+        state, lambda v: NamedSharding(mesh, logical_to_mesh(_variable_names(v), v.shape, mesh))
+    )
+
+
+def constrain(x: jax.Array, *names: str | None) -> jax.Array:
+    """`with_sharding_constraint` by logical names under the context mesh; identity without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_to_mesh(names, x.shape, mesh))

@@ -1,0 +1,88 @@
+"""Mesh specs: `data=2,fsdp=2,tensor=2` -> a `jax.sharding.Mesh` with Auto axes."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+MESH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp", "tensor")
+"""Mesh axes, outermost first: `tensor` innermost maps to neighbouring devices."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """Sizes of the four mesh axes; one of them may be -1 (takes the remaining devices)."""
+
+    pipeline: int = 1
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    @classmethod
+    def parse(cls, spec: str | Mapping[str, int] | MeshSpec | None) -> MeshSpec:
+        """Parses `"data=2,tensor=4"`, `{"data": 2}`, a MeshSpec, or None/"" (all devices on `data`)."""
+        if isinstance(spec, MeshSpec):
+            return spec
+        if spec is None or (isinstance(spec, str) and not spec.strip()):
+            return cls(data=-1)
+        text = spec if isinstance(spec, str) else ",".join(f"{k}={v}" for k, v in spec.items())
+        sizes: dict[str, int] = {}
+        for item in (part.strip() for part in text.split(",") if part.strip()):
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if not sep:
+                raise ValueError(f"mesh spec {text!r}: {item!r} is not AXIS=SIZE; write e.g. 'data=2,tensor=4'")
+            if name not in MESH_AXES:
+                raise ValueError(f"mesh spec {text!r}: unknown axis {name!r}; axes are {', '.join(MESH_AXES)}")
+            if name in sizes:
+                raise ValueError(f"mesh spec {text!r}: axis {name!r} is given twice")
+            try:
+                size = int(str(value).strip())
+            except ValueError:
+                raise ValueError(f"mesh spec {text!r}: size of {name!r} must be an integer, got {value!r}") from None
+            if size == 0 or size < -1:
+                raise ValueError(
+                    f"mesh spec {text!r}: size of {name!r} is {size}; use a positive size or -1 for the rest"
+                )
+            sizes[name] = size
+        if sum(1 for v in sizes.values() if v == -1) > 1:
+            raise ValueError(f"mesh spec {text!r}: at most one axis may be -1 (it takes the remaining devices)")
+        return cls(**sizes)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in MESH_AXES}
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.sizes().items() if v != 1) or "data=1"
+
+    def resolve(self, num_devices: int) -> dict[str, int]:
+        """Sizes with the -1 filled in, checked against `num_devices`."""
+        sizes = self.sizes()
+        known = math.prod(v for v in sizes.values() if v != -1)
+        free = [k for k, v in sizes.items() if v == -1]
+        if free:
+            if num_devices % known:
+                raise ValueError(
+                    f"mesh spec '{self}': -1 on {free[0]!r} cannot fill {num_devices} devices, since the "
+                    f"other axes multiply to {known}, which does not divide {num_devices}; use sizes whose "
+                    f"product divides {num_devices}"
+                )
+            sizes[free[0]] = num_devices // known
+        elif known != num_devices:
+            raise ValueError(
+                f"mesh spec '{self}' uses {known} devices but {num_devices} are available; make the sizes "
+                f"multiply to {num_devices} (e.g. 'data={num_devices}') or put -1 on one axis"
+            )
+        return sizes
+
+
+def make_mesh(spec: str | Mapping[str, int] | MeshSpec | None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Builds the device mesh (axes `pipeline, data, fsdp, tensor`, all `AxisType.Auto`)."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = MeshSpec.parse(spec).resolve(len(devices))
+    shape = tuple(sizes[name] for name in MESH_AXES)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)

@@ -1,0 +1,96 @@
+"""Building blocks with logical axis names on every parameter and compute-dtype casting."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from triskele.mesh import partitioned
+
+
+def fan_avg_uniform(num_in: int, num_out: int) -> nnx.Initializer:
+    """Xavier-uniform for a kernel whose first `num_in` axes are inputs and next `num_out` outputs."""
+    return nnx.initializers.variance_scaling(
+        1.0,
+        "fan_avg",
+        "uniform",
+        in_axis=tuple(range(num_in)),
+        out_axis=tuple(range(num_in, num_in + num_out)),
+    )
+
+
+class Dense(nnx.Module):
+    """A linear map contracting the last `len(in_shape)` axes of x into `out_shape` axes."""
+
+    def __init__(
+        self,
+        in_shape: Sequence[int],
+        out_shape: Sequence[int],
+        in_names: Sequence[str | None],
+        out_names: Sequence[str | None],
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+        kernel_init: nnx.Initializer | None = None,
+        use_bias: bool = True,
+    ):
+        in_shape, out_shape = tuple(in_shape), tuple(out_shape)
+        init = kernel_init or fan_avg_uniform(len(in_shape), len(out_shape))
+        self.kernel = nnx.Param(
+            partitioned(init, *in_names, *out_names)(rngs.params(), in_shape + out_shape, jnp.float32)
+        )
+        self.bias = (
+            nnx.Param(partitioned(nnx.initializers.zeros, *out_names)(rngs.params(), out_shape, jnp.float32))
+            if use_bias
+            else None
+        )
+        self.num_in = len(in_shape)
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.kernel[...].astype(self.dtype)
+        y = jnp.tensordot(x.astype(self.dtype), kernel, axes=self.num_in)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last axis, computed in float32, returned in the compute dtype."""
+
+    def __init__(self, features: int, name: str = "embed", *, dtype: jnp.dtype, rngs: nnx.Rngs, eps: float = 1e-6):
+        self.scale = nnx.Param(partitioned(nnx.initializers.ones, name)(rngs.params(), (features,), jnp.float32))
+        self.bias = nnx.Param(partitioned(nnx.initializers.zeros, name)(rngs.params(), (features,), jnp.float32))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(jnp.float32)
+        mean = x.mean(-1, keepdims=True)
+        var = jnp.square(x - mean).mean(-1, keepdims=True)
+        y = (x - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...] + self.bias[...]
+        return y.astype(self.dtype)
+
+
+def normal_param(rngs: nnx.Rngs, shape: Sequence[int], names: Sequence[str | None], stddev: float) -> nnx.Param:
+    return nnx.Param(partitioned(nnx.initializers.normal(stddev), *names)(rngs.params(), tuple(shape), jnp.float32))
+
+
+def zeros_param(rngs: nnx.Rngs, shape: Sequence[int], names: Sequence[str | None]) -> nnx.Param:
+    return nnx.Param(partitioned(nnx.initializers.zeros, *names)(rngs.params(), tuple(shape), jnp.float32))
+
+
+def patchify(images: jax.Array, patch: int) -> jax.Array:
+    """(B, H, W, C) -> (B, H/p * W/p, p*p*C), patches in row-major order."""
+    b, h, w, c = images.shape
+    x = images.reshape(b, h // patch, patch, w // patch, patch, c)
+    x = x.transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, (h // patch) * (w // patch), patch * patch * c)
+
+
+def num_patches(image_size: int, patch: int) -> int:
+    return math.prod((image_size // patch, image_size // patch))

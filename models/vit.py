@@ -1,0 +1,201 @@
+"""The ViT backbone (pre-LN blocks, learned positions, exact GELU), layers stacked on a `layers` axis."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from triskele.mesh import constrain
+from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, zeros_param
+
+# (width, depth, mlp width, heads): ViT (Dosovitskiy et al.), ViT-g from Zhai et al. "Scaling ViTs".
+VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (64, 8, 256, 4),
+    "Ti": (192, 12, 768, 3),
+    "S": (384, 12, 1536, 6),
+    "B": (768, 12, 3072, 12),
+    "L": (1024, 24, 4096, 16),
+    "H": (1280, 32, 5120, 16),
+    "g": (1408, 40, 6144, 16),
+}
+
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+POOLINGS = ("cls", "gap")
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+    width: int
+    depth: int
+    mlp_dim: int
+    heads: int
+    patch: int = 16
+    image_size: int = 224
+    channels: int = 3
+    pool: str = "cls"
+    remat: bool = False
+    attention: str = "auto"
+    dtype: str = "float32"
+
+    @classmethod
+    def named(cls, size: str, **overrides) -> ViTConfig:
+        if size not in VIT_SIZES:
+            raise ValueError(f"unknown ViT size {size!r}; sizes are {', '.join(VIT_SIZES)}")
+        width, depth, mlp_dim, heads = VIT_SIZES[size]
+        fields = dict(width=width, depth=depth, mlp_dim=mlp_dim, heads=heads)
+        fields.update(overrides)
+        return cls(**fields)
+
+    def __post_init__(self):
+        if self.width % self.heads:
+            raise ValueError(f"model width {self.width} is not divisible by heads {self.heads}")
+        if self.image_size % self.patch:
+            raise ValueError(
+                f"model.image_size {self.image_size} is not a multiple of model.patch {self.patch}; "
+                f"use e.g. image_size={self.image_size // self.patch * self.patch or self.patch}"
+            )
+        if self.pool not in POOLINGS:
+            raise ValueError(f"model.pool {self.pool!r} is not one of {POOLINGS}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"model.attention {self.attention!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid**2 + (1 if self.pool == "cls" else 0)
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+
+def attention_implementation(cfg: ViTConfig) -> str | None:
+    """`auto` takes the fused cuDNN kernel on GPUs in 16-bit, XLA otherwise."""
+    if cfg.attention != "auto":
+        return cfg.attention
+    fused = jax.default_backend() == "gpu" and cfg.compute_dtype in (jnp.bfloat16, jnp.float16)
+    return "cudnn" if fused else "xla"
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        d, h = cfg.width, cfg.heads
+        dt = cfg.compute_dtype
+        qkv = dict(in_shape=(d,), out_shape=(h, d // h), in_names=("embed",), out_names=("heads", "kv"))
+        self.query = Dense(**qkv, dtype=dt, rngs=rngs)
+        self.key = Dense(**qkv, dtype=dt, rngs=rngs)
+        self.value = Dense(**qkv, dtype=dt, rngs=rngs)
+        self.out = Dense((h, d // h), (d,), ("heads", "kv"), ("embed",), dtype=dt, rngs=rngs)
+        self.implementation = attention_implementation(cfg)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        names = ("batch", "length", "act_heads", "act_kv")
+        q, k, v = (constrain(proj(x), *names) for proj in (self.query, self.key, self.value))
+        y = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
+        return self.out(constrain(y, *names))
+
+
+class Mlp(nnx.Module):
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        dt = cfg.compute_dtype
+        self.up = Dense((cfg.width,), (cfg.mlp_dim,), ("embed",), ("mlp",), dtype=dt, rngs=rngs)
+        self.down = Dense((cfg.mlp_dim,), (cfg.width,), ("mlp",), ("embed",), dtype=dt, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = jax.nn.gelu(self.up(x), approximate=False)
+        return self.down(constrain(h, "batch", "length", "act_mlp"))
+
+
+class Block(nnx.Module):
+    """Pre-LayerNorm transformer block."""
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        dt = cfg.compute_dtype
+        self.norm1 = LayerNorm(cfg.width, dtype=dt, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.norm2 = LayerNorm(cfg.width, dtype=dt, rngs=rngs)
+        self.mlp = Mlp(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(self.norm1(x))
+        x = x + self.mlp(self.norm2(x))
+        return constrain(x, "batch", "length", "act_embed")
+
+
+def stacked_blocks(cfg: ViTConfig, rngs: nnx.Rngs) -> Block:
+    """`cfg.depth` blocks whose parameters are stacked along a leading `layers` axis."""
+
+    @nnx.split_rngs(splits=cfg.depth)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def make(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, rngs=rngs)
+
+    return make(rngs)
+
+
+def scan_blocks(blocks: Block, x: jax.Array, remat: bool) -> jax.Array:
+    """Runs stacked blocks in order with `nnx.scan` (one compiled block, any depth)."""
+
+    def apply(block: Block, h: jax.Array) -> jax.Array:
+        return block(h)
+
+    if remat:
+        apply = nnx.remat(apply)
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def body(h: jax.Array, block: Block) -> jax.Array:
+        return apply(block, h)
+
+    return body(x, blocks)
+
+
+class ViT(nnx.Module):
+    """Images (B, H, W, C) -> final-LayerNormed tokens (B, T, width); `pool` gives (B, width)."""
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dt = cfg.compute_dtype
+        patch_dim = cfg.patch * cfg.patch * cfg.channels
+        self.patch_embed = Dense((patch_dim,), (cfg.width,), ("patch",), ("embed",), dtype=dt, rngs=rngs)
+        self.cls_token = zeros_param(rngs, (1, 1, cfg.width), (None, None, "embed")) if cfg.pool == "cls" else None
+        self.pos_embed = normal_param(rngs, (1, cfg.num_tokens, cfg.width), (None, None, "embed"), 0.02)
+        self.blocks = stacked_blocks(cfg, rngs)
+        self.norm = LayerNorm(cfg.width, dtype=dt, rngs=rngs)
+
+    def __call__(self, images: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        x = self.patch_embed(patchify(images.astype(cfg.compute_dtype), cfg.patch))
+        if self.cls_token is not None:
+            cls = jnp.broadcast_to(self.cls_token[...].astype(x.dtype), (x.shape[0], 1, cfg.width))
+            x = jnp.concatenate([cls, x], axis=1)
+        x = constrain(x + self.pos_embed[...].astype(x.dtype), "batch", "length", "act_embed")
+        x = scan_blocks(self.blocks, x, cfg.remat)
+        return self.norm(x)
+
+    def patch_tokens(self, tokens: jax.Array) -> jax.Array:
+        """The (B, grid*grid, width) tokens of the patches, without the class token."""
+        return tokens[:, 1:] if self.cls_token is not None else tokens
+
+    def pool(self, tokens: jax.Array) -> jax.Array:
+        return tokens[:, 0] if self.cls_token is not None else tokens.mean(axis=1)
+
+
+class ViTClassifier(nnx.Module):
+    """The classic image classifier: backbone, pooled token, zero-initialised linear head."""
+
+    def __init__(self, cfg: ViTConfig, num_classes: int, *, rngs: nnx.Rngs):
+        self.backbone = ViT(cfg, rngs=rngs)
+        self.head = Dense(
+            (cfg.width,), (num_classes,), ("embed",), ("classes",),
+            dtype=cfg.compute_dtype, rngs=rngs, kernel_init=nnx.initializers.zeros,
+        )
+
+    def __call__(self, images: jax.Array) -> jax.Array:
+        logits = self.head(self.backbone.pool(self.backbone(images)))
+        return logits.astype(jnp.float32)

@@ -1,0 +1,50 @@
+"""Every test runs on 8 simulated CPU devices; set before JAX is imported anywhere."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from triskele.train.compile_cache import enable_compilation_cache  # noqa: E402
+
+enable_compilation_cache()
+
+
+def relative_error(a, b) -> float:
+    """||a - b|| / ||b||, the per-array measure every equivalence test uses."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    denom = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (denom if denom > 0 else 1.0))
+
+
+def assert_trees_close(actual, expected, tol: float) -> None:
+    """Per-leaf relative error below `tol`, naming the first leaf that is not.
+
+    A leaf that is zero up to round-off in the reference (e.g. the gradient of the attention key
+    bias, which softmax cancels) has no meaningful relative error: it must instead stay below
+    `tol` times the largest leaf norm in absolute terms.
+    """
+    paths = jax.tree_util.tree_flatten_with_path(expected)[0]
+    actual_leaves = jax.tree.leaves(actual)
+    assert len(actual_leaves) == len(paths), "trees differ in structure"
+    scale = max(float(np.linalg.norm(np.asarray(b, np.float64))) for _, b in paths)
+    for (path, b), a in zip(paths, actual_leaves, strict=True):
+        if np.linalg.norm(np.asarray(b, np.float64)) < 1e-6 * scale:
+            diff = float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
+            assert diff < tol * scale, f"{jax.tree_util.keystr(path)}: zero leaf moved by {diff:.3g}"
+            continue
+        err = relative_error(a, b)
+        assert err < tol, f"{jax.tree_util.keystr(path)}: relative error {err:.3g} >= {tol}"
+
+
+@pytest.fixture(scope="session")
+def devices():
+    assert len(jax.devices()) == 8, "tests expect 8 simulated CPU devices"
+    return jax.devices()
