@@ -1,1 +1,1 @@
-"""placeholder"""
+"""HOW GOOD it is: domain metrics, evaluating checkpoints, reports, prediction."""

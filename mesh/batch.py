@@ -7,7 +7,6 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
-
 from triskele.mesh.logical import logical_to_mesh
 
 

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
 from triskele.mesh import partitioned
 
 
@@ -94,3 +93,30 @@ def patchify(images: jax.Array, patch: int) -> jax.Array:
 
 def num_patches(image_size: int, patch: int) -> int:
     return math.prod((image_size // patch, image_size // patch))
+
+
+class Conv(nnx.Module):
+    """A 'SAME' 2D convolution, NHWC, with logically named kernel axes."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int = 3,
+        names: tuple[str | None, str | None] = (None, None),
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+    ):
+        shape = (kernel_size, kernel_size, in_channels, out_channels)
+        init = nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal", in_axis=(0, 1, 2), out_axis=3)
+        self.kernel = nnx.Param(partitioned(init, None, None, *names)(rngs.params(), shape, jnp.float32))
+        self.bias = nnx.Param(partitioned(nnx.initializers.zeros, names[1])(rngs.params(), (out_channels,), jnp.float32))
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jax.lax.conv_general_dilated(
+            x.astype(self.dtype), self.kernel[...].astype(self.dtype), (1, 1), "SAME",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )
+        return y + self.bias[...].astype(self.dtype)

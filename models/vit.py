@@ -7,7 +7,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
 from triskele.mesh import constrain
 from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, zeros_param
 

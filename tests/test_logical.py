@@ -1,6 +1,5 @@
 import pytest
 from jax.sharding import PartitionSpec as P
-
 from triskele.mesh import logical_to_mesh, make_mesh
 
 

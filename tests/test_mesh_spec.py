@@ -1,5 +1,4 @@
 import pytest
-
 from triskele.mesh import MESH_AXES, MeshSpec, make_mesh
 
 

@@ -5,7 +5,6 @@ import pytest
 from conftest import assert_trees_close
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-
 from triskele.mesh import make_mesh, tree_shardings
 from triskele.models import VIT_SIZES, ViT, ViTClassifier, ViTConfig
 

@@ -1,0 +1,1 @@
+"""Input pipelines: the global-order loader and one data module per domain."""

@@ -1,0 +1,5 @@
+import sys
+
+from triskele.train.cli import main
+
+sys.exit(main())

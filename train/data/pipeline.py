@@ -1,0 +1,100 @@
+"""Global-order input: step s of epoch e reads records perm(seed, e)[s*B:(s+1)*B].
+
+Each process loads only its rows of that global batch, and each record's augmentation randomness
+is keyed on (seed, epoch, global index), so the iterator state is one global step counter and the
+same numbers come out on any process count. Grain's random-access `MapDataset` runs the loading in
+threads (or worker processes) ahead of the step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import Protocol
+
+import grain
+import numpy as np
+
+
+class Source(Protocol):
+    """A random-access split: `load(i, rng)` gives record i as arrays; rng None means no augmentation."""
+
+    def __len__(self) -> int: ...
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]: ...
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_permutation(seed: int, epoch: int, num_records: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(num_records)
+
+
+def steps_per_epoch(num_records: int, global_batch: int) -> int:
+    if num_records < global_batch:
+        raise ValueError(
+            f"the training split has {num_records} records, fewer than data.global_batch={global_batch}; "
+            f"lower data.global_batch to at most {num_records} or add data"
+        )
+    return num_records // global_batch
+
+
+def stack_records(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {key: np.stack([r[key] for r in records]) for key in records[0]}
+
+
+class TrainStepLoader:
+    """Global step -> this process's rows of that step's batch (picklable for Grain workers)."""
+
+    def __init__(self, source: Source, global_batch: int, seed: int, rows: tuple[int, int]):
+        self.source, self.global_batch, self.seed, self.rows = source, global_batch, seed, rows
+        self.steps_per_epoch = steps_per_epoch(len(source), global_batch)
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        epoch, within = divmod(int(step), self.steps_per_epoch)
+        perm = epoch_permutation(self.seed, epoch, len(self.source))
+        start, stop = self.rows
+        indices = perm[within * self.global_batch : (within + 1) * self.global_batch][start:stop]
+        records = [
+            self.source.load(int(i), np.random.default_rng([self.seed, epoch, int(i)])) for i in indices
+        ]
+        batch = stack_records(records)
+        batch["valid"] = np.ones(len(indices), np.float32)
+        return batch
+
+
+def train_batches(
+    source: Source,
+    global_batch: int,
+    seed: int,
+    start_step: int,
+    stop_step: int,
+    rows: tuple[int, int],
+    threads: int = 4,
+    prefetch: int = 4,
+    workers: int = 0,
+) -> Iterator[dict[str, np.ndarray]]:
+    """This process's rows of the batches of global steps [start_step, stop_step), loaded ahead."""
+    loader = TrainStepLoader(source, global_batch, seed, rows)
+    dataset = grain.MapDataset.range(start_step, stop_step).map(loader)
+    if workers > 0:
+        iterable = dataset.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    else:
+        options = grain.ReadOptions(num_threads=max(threads, 1), prefetch_buffer_size=max(prefetch, 1))
+        iterable = dataset.to_iter_dataset(options)
+    return iter(iterable)
+
+
+def num_eval_batches(num_records: int, global_batch: int) -> int:
+    return -(-num_records // global_batch)
+
+
+def eval_batches(source: Source, global_batch: int, rows: tuple[int, int]) -> Iterator[dict[str, np.ndarray]]:
+    """Every record exactly once, in order; the last batch is padded and its padding has valid=0."""
+    start, stop = rows
+    for b in range(num_eval_batches(len(source), global_batch)):
+        indices = np.arange(b * global_batch, (b + 1) * global_batch)[start:stop]
+        valid = indices < len(source)
+        records = [source.load(int(i) if ok else 0) for i, ok in zip(indices, valid, strict=True)]
+        batch = stack_records(records)
+        batch["valid"] = valid.astype(np.float32)
+        yield batch

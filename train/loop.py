@@ -1,0 +1,202 @@
+"""The training loop: resume, step, log, evaluate, checkpoint, stop cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tensorboardX import SummaryWriter
+from tqdm import tqdm
+from triskele.mesh import host_to_global, process_rows
+from triskele.train.checkpoint import Checkpoints
+from triskele.train.compile_cache import enable_compilation_cache
+from triskele.train.config import Config
+from triskele.train.data.pipeline import train_batches
+from triskele.train.run import RunParts, evaluate_split, prepare
+from triskele.train.state import TrainState
+from triskele.train.step import batch_shardings_of, make_train_step
+
+MetricsFn = Callable[[dict[str, np.ndarray]], dict[str, Any]]
+"""Turns the summed eval statistics of a split into named metrics (e.g. the mIoU)."""
+
+
+@dataclasses.dataclass
+class TrainSummary:
+    workdir: str
+    first_step: int
+    final_step: int
+    last_loss: float | None
+    stopped_by: str
+    """'completed', 'sigterm', or 'nothing to do' (the workdir was already at run.steps)."""
+    checkpoint_dir: str
+    metrics_file: str
+    eval_metrics: dict[str, Any]
+
+
+class _SigtermFlag:
+    """Sets a flag on SIGTERM (main thread only) so the loop can save and exit cleanly."""
+
+    def __init__(self):
+        self.raised = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.raised = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+class _Log:
+    """metrics.jsonl, TensorBoard and stdout, written by process 0 only."""
+
+    def __init__(self, workdir: Path):
+        self.enabled = jax.process_index() == 0
+        self.path = workdir / "metrics.jsonl"
+        self.writer = SummaryWriter(str(workdir / "tensorboard")) if self.enabled else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        for key, value in record.items():
+            if key != "step" and isinstance(value, int | float):
+                self.writer.add_scalar(key, value, record["step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _scalar_metrics(totals: dict[str, np.ndarray], metrics_fn: MetricsFn | None) -> dict[str, Any]:
+    results: dict[str, Any] = {"eval_loss": float(totals["loss_sum"] / max(float(totals["weight"]), 1.0))}
+    if metrics_fn is not None:
+        results.update(metrics_fn(totals))
+    return results
+
+
+def train(
+    config: Config,
+    workdir: str | Path | None = None,
+    metrics_fn: MetricsFn | None = None,
+    progress: bool = True,
+) -> TrainSummary:
+    """Trains `config` in `workdir` (default runs/<preset>), resuming from its latest checkpoint."""
+    enable_compilation_cache(config.run.compilation_cache)
+    workdir = Path(workdir or Path("runs") / config.preset).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    parts = prepare(config)
+    if jax.process_index() == 0:
+        config.save(workdir / "config.json")
+    checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
+    log = _Log(workdir)
+    try:
+        return _train(parts, workdir, checkpoints, log, metrics_fn, progress)
+    finally:
+        checkpoints.close()
+        log.close()
+
+
+def _restore_or_init(parts: RunParts, checkpoints: Checkpoints) -> TrainState:
+    latest = checkpoints.latest_step()
+    if latest is None:
+        return parts.init_state()
+    state, data_state = parts.restore(checkpoints, latest)
+    if int(data_state["next_step"]) != int(state.step):
+        raise ValueError(
+            f"checkpoint {latest} in {checkpoints.directory} is inconsistent: its data iterator is at step "
+            f"{data_state['next_step']} but its model at step {int(state.step)}"
+        )
+    return state
+
+
+def _train(
+    parts: RunParts,
+    workdir: Path,
+    checkpoints: Checkpoints,
+    log: _Log,
+    metrics_fn: MetricsFn | None,
+    progress: bool,
+) -> TrainSummary:
+    config, mesh = parts.config, parts.mesh
+    total, batch_size = config.run.steps, config.data.global_batch
+    state = _restore_or_init(parts, checkpoints)
+    first = int(state.step)
+    summary = TrainSummary(
+        workdir=str(workdir), first_step=first + 1, final_step=first, last_loss=None,
+        stopped_by="nothing to do", checkpoint_dir=str(checkpoints.directory),
+        metrics_file=str(log.path), eval_metrics={},
+    )
+    if first >= total:
+        return summary
+
+    config_dict = config.to_dict()
+    train_source = parts.task.open_split(config, "train")
+    eval_source = parts.task.open_split(config, config.data.eval_split)
+    batches = train_batches(
+        train_source, batch_size, config.run.seed, first, total, process_rows(mesh, batch_size),
+        threads=config.data.threads, prefetch=config.data.prefetch, workers=config.data.workers,
+    )
+    train_step = None
+    bar = tqdm(total=total, initial=first, disable=not progress or not log.enabled, unit="step", dynamic_ncols=True)
+    last_log_time, last_log_step = time.perf_counter(), first
+    with _SigtermFlag() as sigterm, jax.set_mesh(mesh):
+        for step in range(first, total):
+            batch = host_to_global(next(batches), mesh, batch_size)
+            if train_step is None:
+                train_step = make_train_step(
+                    parts.graphdef, parts.tx, parts.schedule, config.optim.grad_accum, parts.shardings,
+                    batch_shardings_of(batch, mesh, batch_size), mesh,
+                )
+            state, metrics = train_step(state, batch)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            done = step + 1
+            if not math.isfinite(metrics["loss"]):
+                checkpoints.wait()
+                raise FloatingPointError(
+                    f"non-finite loss ({metrics['loss']}) at step {done}; stopped. The last good checkpoint is "
+                    f"step {checkpoints.latest_step()} in {checkpoints.directory}; lower optim.lr or raise "
+                    "optim.warmup_steps"
+                )
+            summary.final_step, summary.last_loss = done, metrics["loss"]
+            bar.update(1)
+            if done % config.run.log_every == 0 or done == total:
+                now = time.perf_counter()
+                ips = batch_size * (done - last_log_step) / max(now - last_log_time, 1e-9)
+                last_log_time, last_log_step = now, done
+                log.write({"step": done, **metrics, "images_per_sec": ips})
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{ips:.0f}")
+            eval_metrics = None
+            if done % config.run.eval_every == 0 or done == total:
+                eval_metrics = _scalar_metrics(evaluate_split(parts, state.params, eval_source), metrics_fn)
+                summary.eval_metrics = eval_metrics
+                log.write({"step": done, **eval_metrics})
+                last_log_time = time.perf_counter()  # images/s measures training, not evaluation
+            stop = sigterm.raised
+            if stop or done % config.checkpoint.every == 0 or done == total:
+                checkpoints.save(done, state, {"next_step": done}, config_dict, eval_metrics)
+            if stop:
+                checkpoints.wait()
+                summary.stopped_by = "sigterm"
+                break
+        else:
+            summary.stopped_by = "completed"
+    bar.close()
+    return summary

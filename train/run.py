@@ -1,0 +1,73 @@
+"""What a run needs before its first step: mesh, task, model graph, optimizer, state shardings.
+
+Shared by training and evaluation so that both build exactly the same state layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+from triskele.mesh import host_to_global, make_mesh, process_rows
+from triskele.train.checkpoint import Checkpoints
+from triskele.train.config import Config
+from triskele.train.data.pipeline import Source, eval_batches
+from triskele.train.optim import make_optimizer
+from triskele.train.state import TrainState, abstract_model, abstract_state, init_state, state_shardings
+from triskele.train.step import make_eval_step
+from triskele.train.tasks import Task, get_task
+from triskele.train.validate import validate
+
+
+@dataclasses.dataclass
+class RunParts:
+    config: Config
+    mesh: Mesh
+    task: Task
+    build_model: Callable[[], nnx.Module]
+    graphdef: nnx.GraphDef
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    shardings: TrainState
+
+    def init_state(self) -> TrainState:
+        return init_state(self.build_model, self.tx, self.shardings)
+
+    def restore(self, checkpoints: Checkpoints, step: int) -> tuple[TrainState, dict]:
+        """Restores checkpoint `step` onto this run's mesh (resharding as needed)."""
+        return checkpoints.restore(step, abstract_state(self.build_model, self.tx, self.shardings))
+
+
+def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
+    """Validates `config` against the mesh and lays out (abstractly) everything the step needs."""
+    mesh = make_mesh(config.mesh) if mesh is None else mesh
+    validate(config, mesh)
+    task = get_task(config.domain)
+    seed = config.run.seed
+
+    def build_model() -> nnx.Module:
+        return task.build_model(config, nnx.Rngs(params=seed))
+
+    graphdef, params = abstract_model(build_model)
+    tx, schedule = make_optimizer(config.optim, config.run.steps)
+    shardings = state_shardings(params, tx, mesh)
+    return RunParts(config, mesh, task, build_model, graphdef, tx, schedule, shardings)
+
+
+def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, np.ndarray]:
+    """Sums of the eval step over every record of `source` exactly once (padding masked out)."""
+    batch_size = parts.config.data.global_batch
+    eval_step = make_eval_step(parts.graphdef, parts.mesh)
+    rows = process_rows(parts.mesh, batch_size)
+    totals: dict[str, np.ndarray] = {}
+    with jax.set_mesh(parts.mesh):
+        for local in eval_batches(source, batch_size, rows):
+            sums = jax.device_get(eval_step(params, host_to_global(local, parts.mesh, batch_size)))
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0) + np.asarray(value, np.float64)
+    return totals

@@ -1,0 +1,101 @@
+"""The jitted, sharded train and eval steps. XLA inserts every collective."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from triskele.mesh import batch_sharding, constrain
+from triskele.train.state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+def _loss_terms(graphdef: nnx.GraphDef, params: dict, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    return nnx.merge(graphdef, params).loss_terms(batch)
+
+
+def _microbatches(batch: Batch, count: int) -> Batch:
+    """(B, ...) -> (count, B/count, ...); microbatch j takes rows j, j+count, ... so that every
+    device's rows spread evenly over microbatches and no data moves between devices."""
+
+    def split(x: jax.Array) -> jax.Array:
+        x = x.reshape(x.shape[0] // count, count, *x.shape[1:]).swapaxes(0, 1)
+        return constrain(x, "microbatch", "batch", *([None] * (x.ndim - 2)))
+
+    return jax.tree.map(split, batch)
+
+
+def summed_gradients(graphdef: nnx.GraphDef, params: dict, batch: Batch, grad_accum: int):
+    """(sum of losses, sum of weights, gradient of the sum), over `grad_accum` sequential microbatches.
+
+    Sums, not means, so that k microbatches give exactly the update of one batch of the same rows.
+    """
+    value_and_grad = jax.value_and_grad(_loss_terms, argnums=1, has_aux=True)
+    if grad_accum == 1:
+        (total, weight), grads = value_and_grad(graphdef, params, batch)
+        return total, weight, grads
+
+    def body(carry, micro):
+        total, weight, grads = carry
+        (t, w), g = value_and_grad(graphdef, params, micro)
+        return (total + t, weight + w, jax.tree.map(jnp.add, grads, g)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (total, weight, grads), _ = jax.lax.scan(
+        body, (jnp.zeros(()), jnp.zeros(()), zeros), _microbatches(batch, grad_accum)
+    )
+    return total, weight, grads
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    grad_accum: int,
+    shardings: TrainState,
+    batch_shardings: dict[str, NamedSharding],
+    mesh: Mesh,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """`train_step(state, batch) -> (state, metrics)`, state donated; metrics: loss, grad_norm, lr."""
+
+    def train_step(state: TrainState, batch: Batch):
+        total, weight, grads = summed_gradients(graphdef, state.params, batch, grad_accum)
+        weight = jnp.maximum(weight, 1.0)
+        grads = jax.tree.map(lambda g: g / weight, grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": total / weight,
+            "grad_norm": optax.global_norm(grads),
+            "lr": jnp.asarray(schedule(state.step), jnp.float32),
+        }
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.jit(
+        train_step,
+        in_shardings=(shardings, batch_shardings),
+        out_shardings=(shardings, replicated),
+        donate_argnums=0,
+    )
+
+
+def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh) -> Callable[[dict, Batch], dict[str, jax.Array]]:
+    """`eval_step(params, batch) -> sums` (loss_sum, weight and the model's summable eval stats)."""
+
+    def eval_step(params: dict, batch: Batch) -> dict[str, jax.Array]:
+        model = nnx.merge(graphdef, params)
+        total, weight = model.loss_terms(batch)
+        return {"loss_sum": total, "weight": weight, **model.eval_stats(batch)}
+
+    return jax.jit(eval_step, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def batch_shardings_of(batch: dict[str, Any], mesh: Mesh, global_batch: int) -> dict[str, NamedSharding]:
+    return {key: batch_sharding(mesh, value.ndim, global_batch) for key, value in batch.items()}

@@ -1,0 +1,64 @@
+"""The domains the engine trains: for each, how to build its model and open its data."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+from flax import nnx
+from triskele.models.mars import TerrainSegmenter
+from triskele.models.vit import ViTConfig
+from triskele.train.config import Config
+from triskele.train.data.mars import SyntheticTerrain
+from triskele.train.data.pipeline import Source
+
+
+def compute_dtype(precision: str) -> str:
+    """`auto` computes in bfloat16 on accelerators and float32 on CPU."""
+    if precision == "auto":
+        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    return precision
+
+
+def vit_config(config: Config) -> ViTConfig:
+    m = config.model
+    overrides = dict(
+        patch=m.patch, image_size=m.image_size, channels=m.channels, pool=m.pool,
+        remat=m.remat, attention=m.attention, dtype=compute_dtype(config.precision),
+    )
+    if m.depth is not None:
+        overrides["depth"] = m.depth
+    return ViTConfig.named(m.size, **overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    build_model: Callable[[Config, nnx.Rngs], nnx.Module]
+    open_split: Callable[[Config, str], Source]
+
+
+def _mars_split(config: Config, split: str) -> Source:
+    if config.data.path:
+        raise ValueError(
+            f"data.path={config.data.path!r}: on-disk Mars data (AI4Mars) is not supported yet; "
+            "leave data.path unset to train on synthetic terrain"
+        )
+    size = config.data.train_size if split == "train" else config.data.eval_size
+    return SyntheticTerrain(split, size, config.model.image_size, seed=config.run.seed)
+
+
+TASKS: dict[str, Task] = {
+    "mars": Task(
+        build_model=lambda config, rngs: TerrainSegmenter(vit_config(config), rngs=rngs),
+        open_split=_mars_split,
+    ),
+}
+
+
+def get_task(domain: str) -> Task:
+    if domain not in TASKS:
+        raise ValueError(
+            f"domain {domain!r} cannot be trained yet; domains with a model and data: {', '.join(TASKS)}"
+        )
+    return TASKS[domain]

@@ -1,0 +1,40 @@
+"""Checks a config against a mesh before anything compiles; each error names the option and a fix."""
+
+from __future__ import annotations
+
+from jax.sharding import Mesh
+from triskele.train.config import Config
+from triskele.train.tasks import vit_config
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate(config: Config, mesh: Mesh) -> None:
+    shape = dict(mesh.shape)
+    batch_shards = shape["data"] * shape["fsdp"]
+    batch, accum = config.data.global_batch, config.optim.grad_accum
+    if batch % batch_shards:
+        fix = (batch // batch_shards + 1) * batch_shards
+        raise ValueError(
+            f"data.global_batch={batch} is not divisible by data x fsdp = {batch_shards} on mesh "
+            f"'{config.mesh}'; use data.global_batch={fix} or a mesh whose data x fsdp divides {batch}"
+        )
+    if batch % (accum * batch_shards):
+        raise ValueError(
+            f"optim.grad_accum={accum} splits data.global_batch={batch} into microbatches of {batch / accum:g}, "
+            f"which must be divisible by data x fsdp = {batch_shards}; use grad_accum in "
+            f"{[k for k in _divisors(batch) if (batch // k) % batch_shards == 0]}"
+        )
+    vit = vit_config(config)
+    if vit.heads % shape["tensor"]:
+        raise ValueError(
+            f"model.size={config.model.size!r} has {vit.heads} heads, not divisible by mesh tensor={shape['tensor']}; "
+            f"use tensor in {_divisors(vit.heads)}"
+        )
+    if shape["pipeline"] > 1:
+        raise ValueError(
+            f"mesh '{config.mesh}' has pipeline={shape['pipeline']}, but pipeline parallelism is not "
+            "available yet; put those devices on data, fsdp or tensor"
+        )
