@@ -36,6 +36,7 @@ class Dense(nnx.Module):
         rngs: nnx.Rngs,
         kernel_init: nnx.Initializer | None = None,
         use_bias: bool = True,
+        bias_gradient: bool = True,
     ):
         in_shape, out_shape = tuple(in_shape), tuple(out_shape)
         init = kernel_init or fan_avg_uniform(len(in_shape), len(out_shape))
@@ -49,12 +50,14 @@ class Dense(nnx.Module):
         )
         self.num_in = len(in_shape)
         self.dtype = dtype
+        self.bias_gradient = bias_gradient
 
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel = self.kernel[...].astype(self.dtype)
         y = jnp.tensordot(x.astype(self.dtype), kernel, axes=self.num_in)
         if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
+            bias = self.bias[...] if self.bias_gradient else jax.lax.stop_gradient(self.bias[...])
+            y = y + bias.astype(self.dtype)
         return y
 
 
@@ -111,7 +114,8 @@ class Conv(nnx.Module):
         shape = (kernel_size, kernel_size, in_channels, out_channels)
         init = nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal", in_axis=(0, 1, 2), out_axis=3)
         self.kernel = nnx.Param(partitioned(init, None, None, *names)(rngs.params(), shape, jnp.float32))
-        self.bias = nnx.Param(partitioned(nnx.initializers.zeros, names[1])(rngs.params(), (out_channels,), jnp.float32))
+        bias_init = partitioned(nnx.initializers.zeros, names[1])
+        self.bias = nnx.Param(bias_init(rngs.params(), (out_channels,), jnp.float32))
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:

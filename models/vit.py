@@ -88,7 +88,10 @@ class Attention(nnx.Module):
         dt = cfg.compute_dtype
         qkv = dict(in_shape=(d,), out_shape=(h, d // h), in_names=("embed",), out_names=("heads", "kv"))
         self.query = Dense(**qkv, dtype=dt, rngs=rngs)
-        self.key = Dense(**qkv, dtype=dt, rngs=rngs)
+        # Softmax cancels the key bias (it adds one constant per query), so its exact gradient is
+        # zero; Adam would turn round-off into full-size steps. It stays a parameter (pretrained
+        # ViTs carry one) but takes no gradient.
+        self.key = Dense(**qkv, dtype=dt, rngs=rngs, bias_gradient=False)
         self.value = Dense(**qkv, dtype=dt, rngs=rngs)
         self.out = Dense((h, d // h), (d,), ("heads", "kv"), ("embed",), dtype=dt, rngs=rngs)
         self.implementation = attention_implementation(cfg)

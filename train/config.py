@@ -79,6 +79,7 @@ class RunConfig:
     steps: int = 600
     log_every: int = 20
     eval_every: int = 200
+    """Evaluate every N steps and at the end; 0 never evaluates."""
     seed: int = 0
     compilation_cache: str | None = None
     """Persistent compilation cache folder; None = ~/.cache/triskele/jax, 'off' disables it."""
@@ -257,6 +258,8 @@ def _check_choices(config: Config) -> None:
         "pipeline.microbatches": config.pipeline.microbatches, "pipeline.repeats": config.pipeline.repeats,
         "data.train_size": config.data.train_size, "data.eval_size": config.data.eval_size,
     }
+    if config.run.eval_every < 0:
+        raise ValueError(f"config key 'run.eval_every' is {config.run.eval_every}; use 0 (never) or more")
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"config key {key!r} is {value}; it must be at least 1")

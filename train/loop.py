@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
@@ -36,7 +37,7 @@ class TrainSummary:
     final_step: int
     last_loss: float | None
     stopped_by: str
-    """'completed', 'sigterm', or 'nothing to do' (the workdir was already at run.steps)."""
+    """'completed', 'sigterm', 'stop_after_step', or 'nothing to do' (already at run.steps)."""
     checkpoint_dir: str
     metrics_file: str
     eval_metrics: dict[str, Any]
@@ -97,18 +98,25 @@ def train(
     workdir: str | Path | None = None,
     metrics_fn: MetricsFn | None = None,
     progress: bool = True,
+    mesh: Mesh | None = None,
+    stop_after_step: int | None = None,
 ) -> TrainSummary:
-    """Trains `config` in `workdir` (default runs/<preset>), resuming from its latest checkpoint."""
+    """Trains `config` in `workdir` (default runs/<preset>), resuming from its latest checkpoint.
+
+    `metrics_fn` adds domain metrics to each evaluation; `mesh` replaces the one `config.mesh`
+    describes (e.g. a subset of devices); `stop_after_step` stops and checkpoints at that global
+    step as a preemption would, so that a later call resumes the same trajectory.
+    """
     enable_compilation_cache(config.run.compilation_cache)
     workdir = Path(workdir or Path("runs") / config.preset).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    parts = prepare(config)
+    parts = prepare(config, mesh)
     if jax.process_index() == 0:
         config.save(workdir / "config.json")
     checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
     log = _Log(workdir)
     try:
-        return _train(parts, workdir, checkpoints, log, metrics_fn, progress)
+        return _train(parts, workdir, checkpoints, log, metrics_fn, progress, stop_after_step)
     finally:
         checkpoints.close()
         log.close()
@@ -134,6 +142,7 @@ def _train(
     log: _Log,
     metrics_fn: MetricsFn | None,
     progress: bool,
+    stop_after_step: int | None,
 ) -> TrainSummary:
     config, mesh = parts.config, parts.mesh
     total, batch_size = config.run.steps, config.data.global_batch
@@ -184,17 +193,18 @@ def _train(
                 log.write({"step": done, **metrics, "images_per_sec": ips})
                 bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{ips:.0f}")
             eval_metrics = None
-            if done % config.run.eval_every == 0 or done == total:
+            every = config.run.eval_every
+            if every and (done % every == 0 or done == total):
                 eval_metrics = _scalar_metrics(evaluate_split(parts, state.params, eval_source), metrics_fn)
                 summary.eval_metrics = eval_metrics
                 log.write({"step": done, **eval_metrics})
                 last_log_time = time.perf_counter()  # images/s measures training, not evaluation
-            stop = sigterm.raised
+            stop = sigterm.raised or done == stop_after_step
             if stop or done % config.checkpoint.every == 0 or done == total:
                 checkpoints.save(done, state, {"next_step": done}, config_dict, eval_metrics)
             if stop:
                 checkpoints.wait()
-                summary.stopped_by = "sigterm"
+                summary.stopped_by = "sigterm" if sigterm.raised else "stop_after_step"
                 break
         else:
             summary.stopped_by = "completed"

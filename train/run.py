@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -15,7 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from triskele.mesh import host_to_global, make_mesh, process_rows
 from triskele.train.checkpoint import Checkpoints
-from triskele.train.config import Config
+from triskele.train.config import CheckpointConfig, Config, config_from_dict
 from triskele.train.data.pipeline import Source, eval_batches
 from triskele.train.optim import make_optimizer
 from triskele.train.state import TrainState, abstract_model, abstract_state, init_state, state_shardings
@@ -71,3 +72,23 @@ def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, n
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0) + np.asarray(value, np.float64)
     return totals
+
+
+def restore_run(
+    workdir: str | Path, mesh: Mesh | None = None, step: int | None = None
+) -> tuple[RunParts, TrainState, int]:
+    """Loads a run's checkpoint (latest, or `step`) onto `mesh` (default: its config's mesh spec)."""
+    checkpoint_dir = Path(workdir) / "checkpoints"
+    if not checkpoint_dir.is_dir():
+        raise ValueError(f"workdir {str(workdir)!r} has no checkpoints/ folder; train there first")
+    checkpoints = Checkpoints(checkpoint_dir, CheckpointConfig(), read_only=True)
+    try:
+        step = checkpoints.latest_step() if step is None else step
+        if step is None:
+            raise ValueError(f"{checkpoint_dir} holds no checkpoint; train there first")
+        config = config_from_dict(checkpoints.restore_config(step))
+        parts = prepare(config, mesh)
+        state, _ = parts.restore(checkpoints, step)
+    finally:
+        checkpoints.close()
+    return parts, state, step

@@ -1,0 +1,83 @@
+import re
+
+import numpy as np
+import pytest
+from conftest import assert_trees_close, relative_error
+from trainutil import final_params, mesh_of, run, small_config, step_records
+from triskele.train import train
+
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def single_device_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("single")
+    run(workdir, "single", **{"run.steps": STEPS})
+    return step_records(workdir), final_params(workdir)[0]
+
+
+def assert_same_trajectory(records, reference, tol):
+    assert sorted(records) == sorted(reference)
+    for step in reference:
+        for key in ("loss", "grad_norm"):
+            err = relative_error(records[step][key], reference[step][key])
+            assert err < tol, f"step {step} {key}: {records[step][key]} vs {reference[step][key]}"
+
+
+@pytest.mark.parametrize("spec", ["data=8", "fsdp=8", "data=2,fsdp=2,tensor=2"])
+def test_mesh_invariance(spec, single_device_run, tmp_path, devices):
+    reference_records, reference_params = single_device_run
+    run(tmp_path, spec, **{"run.steps": STEPS})
+    assert_same_trajectory(step_records(tmp_path), reference_records, 1e-4)
+    params, step = final_params(tmp_path)
+    assert step == STEPS
+    assert_trees_close(params, reference_params, 1e-4)
+    # The run learned something, so equal trajectories are not equal by accident.
+    assert reference_records[STEPS]["loss"] < reference_records[1]["loss"]
+
+
+def test_gradient_accumulation_equals_one_big_step(tmp_path, devices):
+    run(tmp_path / "whole", "data=2,fsdp=2,tensor=2", **{"run.steps": 2})
+    run(tmp_path / "accum", "data=2,fsdp=2,tensor=2", **{"run.steps": 2, "optim.grad_accum": 4})
+    assert_same_trajectory(step_records(tmp_path / "accum"), step_records(tmp_path / "whole"), 1e-4)
+    assert_trees_close(final_params(tmp_path / "accum")[0], final_params(tmp_path / "whole")[0], 1e-4)
+
+
+def test_resume_continues_the_same_trajectory(tmp_path, devices):
+    n = 3
+    straight = run(tmp_path / "straight", "data=8", **{"run.steps": 2 * n})
+    assert (straight.first_step, straight.final_step, straight.stopped_by) == (1, 2 * n, "completed")
+    config = small_config(**{"run.steps": 2 * n})
+    first = train(config, tmp_path / "resumed", mesh=mesh_of("data=8"), progress=False, stop_after_step=n)
+    assert (first.final_step, first.stopped_by) == (n, "stop_after_step")
+    second = train(config, tmp_path / "resumed", mesh=mesh_of("data=8"), progress=False)
+    assert (second.first_step, second.final_step) == (n + 1, 2 * n)
+    records = step_records(tmp_path / "resumed")
+    assert sorted(records) == list(range(1, 2 * n + 1)), "a resumed run must not redo steps"
+    reference = step_records(tmp_path / "straight")
+    for step in reference:
+        assert relative_error(records[step]["loss"], reference[step]["loss"]) < 1e-5
+    assert_trees_close(final_params(tmp_path / "resumed")[0], final_params(tmp_path / "straight")[0], 1e-5)
+
+
+def test_restore_on_another_mesh_reshards(tmp_path, devices):
+    n = 3
+    config = small_config(**{"run.steps": 2 * n})
+    train(config, tmp_path / "straight", mesh=mesh_of("data=8"), progress=False)
+    train(config, tmp_path / "moved", mesh=mesh_of("data=8"), progress=False, stop_after_step=n)
+    moved = train(config, tmp_path / "moved", mesh=mesh_of("fsdp=4,tensor=2"), progress=False)
+    assert moved.first_step == n + 1
+    records, reference = step_records(tmp_path / "moved"), step_records(tmp_path / "straight")
+    for step in range(n + 1, 2 * n + 1):
+        assert relative_error(records[step]["loss"], reference[step]["loss"]) < 1e-5
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, devices):
+    with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step (\d+)") as info:
+        run(tmp_path, "data=8", **{"run.steps": 30, "optim.lr": 1e12, "checkpoint.every": 1})
+    bad_step = int(re.search(r"at step (\d+)", str(info.value)).group(1))
+    assert f"last good checkpoint is step {bad_step - 1}" in str(info.value)
+    records = step_records(tmp_path)
+    assert all(np.isfinite(records[s]["loss"]) for s in range(1, bad_step))
+    params, step = final_params(tmp_path)
+    assert step == bad_step - 1
