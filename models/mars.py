@@ -11,42 +11,65 @@ from triskele.models.vit import ViT, ViTConfig
 
 NUM_CLASSES = 4
 IGNORE_LABEL = 255
+CLASS_FREQUENCIES = (0.37, 0.50, 0.12, 0.01)
+"""Soil, bedrock, sand, big rock: their shares of labelled pixels in AI4Mars."""
+DEFAULT_CLASS_WEIGHTS = tuple(round(f ** -0.5 / sum(g ** -0.5 for g in CLASS_FREQUENCIES) * 4, 3)
+                              for f in CLASS_FREQUENCIES)
+"""Inverse square-root frequency, mean 1: rare sand and big rocks weigh more, since mIoU weighs
+every class equally."""
 
 
 class TerrainSegmenter(nnx.Module):
     """Images (B, H, W, C) -> logits (B, H, W, 4) for soil, bedrock, sand, big rock.
 
-    Each patch token is projected to a `decoder_channels`-deep feature for each of its pixels;
-    two 3x3 convolutions over those features and the input image then sharpen region borders.
+    Images are standardized per image first (rover exposure varies). Each patch token is
+    projected to a `decoder_channels`-deep feature for each of its pixels; a two-convolution
+    branch on the image adds full-resolution texture (grain, ripples, cracks), and a 3x3
+    convolution over both gives the logits, with borders sharper than the patch grid.
     """
 
-    def __init__(self, cfg: ViTConfig, *, decoder_channels: int = 16, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: ViTConfig,
+        *,
+        decoder_channels: int = 16,
+        class_weights: tuple[float, ...] = DEFAULT_CLASS_WEIGHTS,
+        rngs: nnx.Rngs,
+    ):
         self.cfg = cfg
         dt = cfg.compute_dtype
         self.backbone = ViT(cfg, rngs=rngs)
         per_patch = cfg.patch * cfg.patch * decoder_channels
         self.unpatch = Dense((cfg.width,), (per_patch,), ("embed",), ("mlp",), dtype=dt, rngs=rngs)
-        self.refine = Conv(decoder_channels + cfg.channels, decoder_channels, dtype=dt, rngs=rngs)
-        self.classify = Conv(decoder_channels, NUM_CLASSES, dtype=dt, rngs=rngs)
+        self.texture1 = Conv(cfg.channels, decoder_channels, dtype=dt, rngs=rngs)
+        self.texture2 = Conv(decoder_channels, decoder_channels, dtype=dt, rngs=rngs)
+        self.classify = Conv(2 * decoder_channels, NUM_CLASSES, dtype=dt, rngs=rngs)
         self.decoder_channels = decoder_channels
+        self.class_weights = tuple(float(w) for w in class_weights)
 
     def __call__(self, images: jax.Array) -> jax.Array:
         cfg = self.cfg
+        images = images.astype(jnp.float32)
+        mean = images.mean(axis=(1, 2, 3), keepdims=True)
+        std = images.std(axis=(1, 2, 3), keepdims=True)
+        images = (images - mean) / (std + 1e-3)
         tokens = self.backbone.patch_tokens(self.backbone(images))
         b, g, p, c = tokens.shape[0], cfg.grid, cfg.patch, self.decoder_channels
         feats = constrain(self.unpatch(tokens), "batch", "length", "act_mlp")
         feats = feats.reshape(b, g, g, p, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, g * p, g * p, c)
         feats = constrain(feats, "batch", "height", "width", "channels")
-        x = jnp.concatenate([feats, images.astype(feats.dtype)], axis=-1)
-        x = jax.nn.gelu(self.refine(x), approximate=False)
+        texture = jax.nn.gelu(self.texture1(images), approximate=False)
+        texture = jax.nn.gelu(self.texture2(texture), approximate=False)
+        x = jnp.concatenate([jax.nn.gelu(feats, approximate=False), texture.astype(feats.dtype)], axis=-1)
         return self.classify(x).astype(jnp.float32)
 
     def loss_terms(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        """(sum of per-pixel cross-entropy, number of labelled pixels); 255 and padded rows count 0."""
+        """(class-weighted sum of per-pixel cross-entropy, sum of weights); 255 and padded rows weigh 0."""
         logits = self(batch["image"])
         label = batch["label"].astype(jnp.int32)
-        weight = (label != IGNORE_LABEL).astype(jnp.float32) * batch["valid"][:, None, None]
         safe = jnp.where(label == IGNORE_LABEL, 0, label)
+        labelled = (label != IGNORE_LABEL).astype(jnp.float32) * batch["valid"][:, None, None]
+        weight = labelled * jnp.asarray(self.class_weights, jnp.float32)[safe]
         nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), safe[..., None], axis=-1)[..., 0]
         return jnp.sum(nll * weight), jnp.sum(weight)
 

@@ -55,6 +55,7 @@ class OptimConfig:
     weight_decay: float = 0.05
     b1: float = 0.9
     b2: float = 0.999
+    eps: float = 1e-8
     clip_norm: float = 1.0
     grad_accum: int = 1
     """Microbatches whose gradients are summed into one update."""
@@ -109,7 +110,8 @@ class Config:
 
 # Per size: model fields and the run's scale. `tiny` trains on a 2-core CPU in minutes.
 _SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"model.size": "tiny", "model.patch": 8, "model.image_size": 64},
+    "tiny": {"model.size": "tiny", "model.patch": 8, "model.image_size": 64, "optim.lr": 2e-3,
+             "run.eval_every": 300},
     "s16": {"model.size": "S", "model.patch": 16, "model.image_size": 224, "data.global_batch": 256,
             "optim.lr": 5e-4, "optim.warmup_steps": 1000, "run.steps": 20000, "checkpoint.every": 1000,
             "run.eval_every": 1000, "data.train_size": 100_000, "data.eval_size": 5000},

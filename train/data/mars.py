@@ -8,6 +8,8 @@ intensity alone a poor cue.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 CLASS_NAMES = ("soil", "bedrock", "sand", "big_rock")
@@ -44,7 +46,7 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     height = rng.uniform(1.0, 1.6)  # camera height (m)
     below = rows > horizon + 0.5
     depth = np.where(below, focal * height / np.maximum(rows - horizon, 1e-3), np.inf)
-    far = rng.uniform(14.0, 30.0)
+    far = rng.uniform(10.0, 20.0)
     ground = below & (depth < far)
     z = np.where(ground, depth, far) + rng.uniform(0, 100)
     x = (cols - size / 2) * np.where(ground, depth, far) / focal + rng.uniform(0, 100)
@@ -61,23 +63,21 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     label[sand] = 2
 
     # Textures, in ground coordinates.
-    image = np.zeros((size, size))
     theta = rng.uniform(0, np.pi)
-    wavelength = rng.uniform(0.25, 0.45)
     warp = 0.5 * _fourier_field(rng, x, z, scale=1.5, terms=6)
     along = x * np.cos(theta) + z * np.sin(theta)
-    ripples = 0.5 + 0.22 * np.sin(2 * np.pi * along / wavelength + warp)
-    grain_cells = 18.0
-    grains = _hash_noise(np.floor(x * grain_cells), np.floor(z * grain_cells), 1)
-    pebble = _hash_noise(np.floor(x * 6), np.floor(z * 6), 2) > 0.93
-    soil = 0.45 + 0.28 * (grains - 0.5) - 0.18 * pebble
-    plate_id = _hash_noise(np.floor(x / 0.9 + 0.3 * warp), np.floor(z / 0.9), 3)
-    layering = 0.06 * np.sign(np.sin(2 * np.pi * (z + 0.4 * x) / 0.35))
-    fracture = (np.abs(np.sin(np.pi * (x / 0.9 + 0.3 * warp))) < 0.12) | (np.abs(np.sin(np.pi * z / 0.9)) < 0.12)
-    rock_plates = 0.5 + 0.25 * (plate_id - 0.5) + layering - 0.3 * fracture
-    image = np.where(label == 2, ripples, image)
-    image = np.where(label == 0, soil, image)
-    image = np.where(label == 1, rock_plates, image)
+    ripples = 0.5 + 0.2 * np.sin(2 * np.pi * along / rng.uniform(0.3, 0.6) + warp)  # smooth, oriented
+    grains = _hash_noise(np.floor(x * 10), np.floor(z * 10), 1)
+    pebble = _hash_noise(np.floor(x * 4), np.floor(z * 4), 2) > 0.9
+    soil = 0.45 + 0.35 * (grains - 0.5) - 0.2 * pebble  # granular, with dark pebbles
+    phi = rng.uniform(0, np.pi / 2)
+    u, v = x * np.cos(phi) - z * np.sin(phi), x * np.sin(phi) + z * np.cos(phi)
+    plate_u, plate_v = u / 1.1 + 0.2 * warp, v / 1.1
+    plate_id = _hash_noise(np.floor(plate_u), np.floor(plate_v), 3)
+    layering = 0.03 * np.sin(2 * np.pi * v / 0.7)
+    fracture = (np.abs(plate_u - np.round(plate_u)) < 0.05) | (np.abs(plate_v - np.round(plate_v)) < 0.05)
+    rock_plates = 0.5 + 0.25 * (plate_id - 0.5) + layering - 0.3 * fracture  # flat plates, cracks
+    image = np.select([label == 2, label == 0, label == 1], [ripples, soil, rock_plates], 0.0)
 
     # Big rocks: discrete blobs, lit from one side, with a cast shadow on the ground beside them.
     light = rng.uniform(0, 2 * np.pi)
@@ -96,7 +96,7 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
         image = np.where(shadow, image * 0.45, image)
         blob = ground & (dist < 1.0)
         shade = 0.55 + 0.3 * (dc * lx - dr * lz) / np.maximum(dist, 1e-3) * np.sqrt(np.clip(dist, 0, 1))
-        image = np.where(blob, shade + 0.05 * (grains - 0.5), image)
+        image = np.where(blob, shade + 0.04 * (grains - 0.5), image)
         label[blob] = 3
 
     sky = 0.75 + 0.2 * (rows / max(horizon, 1.0)) + 0.03 * rng.normal(size=(size, size))
@@ -109,12 +109,16 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class SyntheticTerrain:
-    """Random-access synthetic split: record i of split s is `render_terrain` of (seed, s, i)."""
+    """Random-access synthetic split: record i of split s is `render_terrain` of (seed, s, i).
 
-    def __init__(self, split: str, num_records: int, image_size: int, seed: int = 0):
+    Rendered records are cached (up to `cache_bytes`), so epochs after the first cost no rendering.
+    """
+
+    def __init__(self, split: str, num_records: int, image_size: int, seed: int = 0, cache_bytes: int = 256 << 20):
         if split not in _SPLIT_OFFSET:
             raise ValueError(f"mars split {split!r} is not one of {', '.join(_SPLIT_OFFSET)}")
         self.split, self.num_records, self.image_size, self.seed = split, num_records, image_size, seed
+        self._render = functools.lru_cache(maxsize=max(cache_bytes // (5 * image_size**2), 1))(self._render_index)
 
     def __len__(self) -> int:
         return self.num_records
@@ -122,9 +126,14 @@ class SyntheticTerrain:
     def record_seed(self, index: int) -> list[int]:
         return [self.seed, _SPLIT_OFFSET[self.split], index]
 
-    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    def _render_index(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         seed = np.random.SeedSequence(self.record_seed(index)).generate_state(1)[0]
-        image, label = render_terrain(int(seed), self.image_size)
+        return render_terrain(int(seed), self.image_size)
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        if not 0 <= index < self.num_records:
+            raise IndexError(f"record {index} is outside the {self.split} split of {self.num_records} records")
+        image, label = self._render(index)
         if rng is not None and rng.random() < 0.5:  # augmentation: horizontal flip
             image, label = image[:, ::-1], label[:, ::-1]
         return {"image": np.ascontiguousarray(image[..., None]), "label": np.ascontiguousarray(label)}
