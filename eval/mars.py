@@ -76,3 +76,44 @@ def plot_confusion(confusion: np.ndarray, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def write_artifacts(parts, params, source, totals, out_dir: Path, examples: int = 4) -> list[str]:
+    """The confusion-matrix plot and `examples` overlays (image | truth | prediction)."""
+    from PIL import Image
+    from triskele.eval.predict import predict_arrays
+
+    plot_confusion(totals["confusion"], out_dir / "confusion.png")
+    written = ["confusion.png"]
+    records = [source.load(i) for i in range(min(examples, len(source)))]
+    if records:
+        predictions = predict_arrays(parts, params, np.stack([r["image"] for r in records]))
+        for i, (record, prediction) in enumerate(zip(records, predictions, strict=True)):
+            name = f"overlay_{i}.png"
+            Image.fromarray(overlay(record["image"], record["label"], prediction)).save(out_dir / name)
+            written.append(name)
+    return written
+
+
+def predict_folder(parts, params, input_dir: Path, output_dir: Path) -> dict[str, Any]:
+    """One class-index PNG mask (0 soil, 1 bedrock, 2 sand, 3 big rock) per input image, at the
+    input's own resolution (centre-square predictions resized back by nearest neighbour)."""
+    from PIL import Image
+    from triskele.eval.predict import predict_arrays
+    from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_image, square_crop_box
+
+    paths = sorted(p for p in Path(input_dir).iterdir() if p.suffix in IMAGE_SUFFIXES)
+    if not paths:
+        raise ValueError(f"--input {input_dir} holds no .png or .jpg images")
+    cfg = parts.config.model
+    images = np.stack([read_image(p, cfg.image_size, cfg.channels) for p in paths])
+    masks = predict_arrays(parts, params, images)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for path, mask in zip(paths, masks, strict=True):
+        width, height = image_size(path)
+        left, top, right, bottom = square_crop_box(width, height)
+        full = np.full((height, width), 255, np.uint8)  # outside the centre square: not predicted
+        square = Image.fromarray(mask.astype(np.uint8)).resize((right - left, bottom - top), Image.NEAREST)
+        full[top:bottom, left:right] = np.asarray(square)
+        Image.fromarray(full).save(output_dir / f"{path.stem}.png")
+    return {"images": len(paths), "output": str(output_dir)}

@@ -39,6 +39,8 @@ class DataConfig:
     eval_size: int = 512
     """Records in the synthetic evaluation split."""
     eval_split: str = "test"
+    label_agreement: int = 3
+    """AI4Mars test labels to read: masked-gold-min<k>-100agree, k in 1..3."""
     threads: int = 4
     """Threads that load batches ahead of the step."""
     prefetch: int = 4

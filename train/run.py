@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -75,9 +76,14 @@ def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, n
 
 
 def restore_run(
-    workdir: str | Path, mesh: Mesh | None = None, step: int | None = None
+    workdir: str | Path,
+    mesh: Mesh | None = None,
+    step: int | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[RunParts, TrainState, int]:
-    """Loads a run's checkpoint (latest, or `step`) onto `mesh` (default: its config's mesh spec)."""
+    """Loads a run's checkpoint (latest, or `step`) onto `mesh` (default: its config's mesh spec).
+
+    `overrides` change the saved config (e.g. `data.path` to evaluate on other data)."""
     checkpoint_dir = Path(workdir) / "checkpoints"
     if not checkpoint_dir.is_dir():
         raise ValueError(f"workdir {str(workdir)!r} has no checkpoints/ folder; train there first")
@@ -86,7 +92,7 @@ def restore_run(
         step = checkpoints.latest_step() if step is None else step
         if step is None:
             raise ValueError(f"{checkpoint_dir} holds no checkpoint; train there first")
-        config = config_from_dict(checkpoints.restore_config(step))
+        config = config_from_dict({**checkpoints.restore_config(step), **(overrides or {})})
         parts = prepare(config, mesh)
         state, _ = parts.restore(checkpoints, step)
     finally:

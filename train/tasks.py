@@ -10,7 +10,7 @@ from flax import nnx
 from triskele.models.mars import TerrainSegmenter
 from triskele.models.vit import ViTConfig
 from triskele.train.config import Config
-from triskele.train.data.mars import SyntheticTerrain
+from triskele.train.data.mars import SyntheticTerrain, TerrainFiles
 from triskele.train.data.pipeline import Source
 
 
@@ -40,10 +40,11 @@ class Task:
 
 def _mars_split(config: Config, split: str) -> Source:
     if config.data.path:
-        raise ValueError(
-            f"data.path={config.data.path!r}: on-disk Mars data (AI4Mars) is not supported yet; "
-            "leave data.path unset to train on synthetic terrain"
-        )
+        files = TerrainFiles(config.data.path, split, config.model.image_size, config.model.channels,
+                             agreement=config.data.label_agreement)
+        if jax.process_index() == 0:
+            print(files.report(), flush=True)
+        return files
     size = config.data.train_size if split == "train" else config.data.eval_size
     return SyntheticTerrain(split, size, config.model.image_size, seed=config.run.seed)
 

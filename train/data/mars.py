@@ -1,4 +1,4 @@
-"""Mars terrain data: a deterministic synthetic navigation-camera generator (and, later, AI4Mars on disk).
+"""Mars terrain data: a deterministic synthetic navigation-camera generator, and AI4Mars on disk.
 
 Synthetic images are grayscale views of a ground plane seen in perspective: class regions and
 textures live in ground coordinates, so they shrink toward the horizon. Sky and far range are
@@ -9,8 +9,10 @@ intensity alone a poor cue.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
+from triskele.train.data.images import IMAGE_SUFFIXES, read_image, read_mask, resize_mask
 
 CLASS_NAMES = ("soil", "bedrock", "sand", "big_rock")
 IGNORE = 255
@@ -134,6 +136,103 @@ class SyntheticTerrain:
         if not 0 <= index < self.num_records:
             raise IndexError(f"record {index} is outside the {self.split} split of {self.num_records} records")
         image, label = self._render(index)
-        if rng is not None and rng.random() < 0.5:  # augmentation: horizontal flip
-            image, label = image[:, ::-1], label[:, ::-1]
-        return {"image": np.ascontiguousarray(image[..., None]), "label": np.ascontiguousarray(label)}
+        return augment(image[..., None], label, rng)
+
+
+def augment(image: np.ndarray, label: np.ndarray, rng: np.random.Generator | None) -> dict[str, np.ndarray]:
+    """A random horizontal flip (rng None: none), as the record dict the model reads."""
+    if rng is not None and rng.random() < 0.5:
+        image, label = image[:, ::-1], label[:, ::-1]
+    return {"image": np.ascontiguousarray(image), "label": np.ascontiguousarray(label, dtype=np.uint8)}
+
+
+def check_label_values(label: np.ndarray, path: Path) -> None:
+    bad = np.setdiff1d(np.unique(label), [0, 1, 2, 3, IGNORE])
+    if bad.size:
+        raise ValueError(
+            f"label {path} has values {bad.tolist()[:8]} outside 0..3 (soil, bedrock, sand, big rock) and 255 (ignore)"
+        )
+
+
+class TerrainFiles:
+    """Labelled navigation-camera images on disk, in the AI4Mars layout or a generic one.
+
+    AI4Mars (`ROOT/msl/...`): images `images/edr/<stem>.JPG`; labels `labels/train/<stem>.png` or, for
+    the test split, `labels/test/masked-gold-min<k>-100agree/<stem>_merged.png`; the rover mask
+    `images/mxy/` and the beyond-30 m mask `images/rng-30m/` share the stem with EDR replaced by MXY
+    and RNG, and set the label to 255 where they are set. Images with no label file are counted and
+    reported, not an error. Generic: `ROOT/[<split>/]images/*.{png,jpg}` + `masks/<stem>.png`.
+    """
+
+    def __init__(self, root: str | Path, split: str, image_size: int, channels: int = 1, agreement: int = 3):
+        self.root, self.split, self.image_size, self.channels = Path(root), split, image_size, channels
+        if not self.root.is_dir():
+            raise ValueError(f"data.path {str(self.root)!r} is not a folder")
+        if (self.root / "msl").is_dir():
+            self.layout = "ai4mars"
+            self.records, self.unlabelled = self._ai4mars(agreement)
+        else:
+            self.layout = "generic"
+            self.records, self.unlabelled = self._generic()
+        if not self.records:
+            raise ValueError(f"{self.describe_layout()} has no labelled images for split {split!r}")
+
+    def describe_layout(self) -> str:
+        return f"{self.layout} data at {self.root}"
+
+    def _ai4mars(self, agreement: int):
+        msl = self.root / "msl"
+        images = msl / "images" / "edr"
+        if not images.is_dir():
+            raise ValueError(f"AI4Mars layout at {self.root}: missing folder {images}")
+        if self.split == "train":
+            label_dir, suffix = msl / "labels" / "train", ""
+        else:
+            label_dir, suffix = msl / "labels" / "test" / f"masked-gold-min{agreement}-100agree", "_merged"
+        if not label_dir.is_dir():
+            raise ValueError(f"AI4Mars layout at {self.root}: split {self.split!r} needs label folder {label_dir}")
+        image_by_stem = {p.stem: p for p in images.iterdir() if p.suffix in IMAGE_SUFFIXES}
+        records = []
+        for label in sorted(label_dir.glob("*.png")):
+            stem = label.stem[: -len(suffix)] if suffix and label.stem.endswith(suffix) else label.stem
+            if stem not in image_by_stem:
+                raise ValueError(f"label {label} has no image {images / (stem + '.JPG')}")
+            masks = [msl / "images" / "mxy" / f"{stem.replace('EDR', 'MXY')}.png",
+                     msl / "images" / "rng-30m" / f"{stem.replace('EDR', 'RNG')}.png"]
+            records.append((image_by_stem[stem], label, [m for m in masks if m.exists()]))
+        labelled = {r[0].stem for r in records}
+        unlabelled = sum(1 for stem in image_by_stem if stem not in labelled)
+        return records, unlabelled
+
+    def _generic(self):
+        base = self.root / self.split if (self.root / self.split / "images").is_dir() else self.root
+        images, masks = base / "images", base / "masks"
+        if not images.is_dir() or not masks.is_dir():
+            raise ValueError(
+                f"data.path {str(self.root)!r} matches no Mars layout: expected msl/ (AI4Mars) or "
+                f"[{self.split}/]images/ with masks/ beside it"
+            )
+        image_by_stem = {p.stem: p for p in sorted(images.iterdir()) if p.suffix in IMAGE_SUFFIXES}
+        records = []
+        for mask in sorted(masks.glob("*.png")):
+            if mask.stem not in image_by_stem:
+                raise ValueError(f"mask {mask} has no image {images / mask.stem}.png/.jpg")
+            records.append((image_by_stem[mask.stem], mask, []))
+        labelled = {r[0].stem for r in records}
+        return records, sum(1 for stem in image_by_stem if stem not in labelled)
+
+    def report(self) -> str:
+        return (f"{self.describe_layout()}, split {self.split!r}: {len(self.records)} labelled images, "
+                f"{self.unlabelled} images without a label skipped")
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        image_path, label_path, mask_paths = self.records[index]
+        label = read_mask(label_path, like=image_path)
+        check_label_values(label, label_path)
+        for mask_path in mask_paths:  # rover and beyond-range pixels are not terrain to learn
+            label = np.where(read_mask(mask_path, like=image_path) > 0, IGNORE, label)
+        image = read_image(image_path, self.image_size, self.channels)
+        return augment(image, resize_mask(label, self.image_size), rng)

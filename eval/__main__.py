@@ -1,0 +1,5 @@
+import sys
+
+from triskele.eval.cli import main
+
+sys.exit(main())

@@ -1,0 +1,42 @@
+"""`python -m triskele.eval` (evaluate a checkpoint) and `python -m triskele.eval predict`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", required=True, help="the training run's folder (holds checkpoints/)")
+    parser.add_argument("--mesh", help="mesh spec to evaluate on (default: all local devices on data)")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from triskele.eval.evaluate import evaluate_checkpoint, predict
+
+    if argv[:1] == ["predict"]:
+        parser = argparse.ArgumentParser(prog="python -m triskele.eval predict",
+                                         description="Predict every image of a folder with a checkpoint.")
+        _common(parser)
+        parser.add_argument("--input", required=True, help="folder of input images")
+        parser.add_argument("--output", required=True, help="folder for the predictions")
+        args = parser.parse_args(argv[1:])
+        run = lambda: predict(args.workdir, args.input, args.output, args.mesh, args.step)
+    else:
+        parser = argparse.ArgumentParser(prog="python -m triskele.eval",
+                                         description="Evaluate a checkpoint; writes WORKDIR/eval/<step>/.")
+        _common(parser)
+        parser.add_argument("--data", help="on-disk dataset (default: the run's own data)")
+        parser.add_argument("--split", default="test", help="split to evaluate (default test)")
+        args = parser.parse_args(argv)
+        run = lambda: evaluate_checkpoint(args.workdir, args.mesh, args.data, args.split, args.step)
+    try:
+        result = run()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0

@@ -1,0 +1,20 @@
+"""Each domain's evaluation module: metrics(totals), write_artifacts(...), predict_folder(...)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from triskele.eval import mars
+
+DOMAINS: dict[str, ModuleType] = {"mars": mars}
+
+
+def get_domain(domain: str) -> ModuleType:
+    if domain not in DOMAINS:
+        raise ValueError(f"domain {domain!r} has no evaluation yet; domains: {', '.join(DOMAINS)}")
+    return DOMAINS[domain]
+
+
+def metrics_fn(domain: str):
+    """The summed-statistics -> metrics function, for `train(config, metrics_fn=...)`."""
+    return get_domain(domain).metrics

@@ -1,0 +1,51 @@
+"""Evaluate a checkpoint on any mesh and write DIR/eval/<step>/report.json with plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+from triskele.eval.domains import get_domain
+from triskele.mesh import make_mesh
+from triskele.train.run import evaluate_split, restore_run
+
+
+def evaluate_checkpoint(
+    workdir: str | Path,
+    mesh: str | None = None,
+    data: str | None = None,
+    split: str = "test",
+    step: int | None = None,
+) -> dict[str, Any]:
+    """Restores the latest (or `step`) checkpoint of `workdir` onto `mesh` (default: all local devices
+    on `data`), evaluates `split` of its data (or of `data`), writes the report, returns it."""
+    workdir = Path(workdir)
+    overrides = {"data.path": data} if data else None
+    parts, state, step = restore_run(workdir, make_mesh(mesh or ""), step, overrides)
+    domain = get_domain(parts.config.domain)
+    source = parts.task.open_split(parts.config, split)
+    totals = evaluate_split(parts, state.params, source)
+    out_dir = workdir / "eval" / str(step)
+    report = {
+        "domain": parts.config.domain,
+        "step": step,
+        "split": split,
+        "records": len(source),
+        "data": parts.config.data.path or "synthetic",
+        "mesh": {k: int(v) for k, v in parts.mesh.shape.items()},
+        "metrics": domain.metrics(totals),
+    }
+    if jax.process_index() == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report["files"] = domain.write_artifacts(parts, state.params, source, totals, out_dir)
+        (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    report["report"] = str(out_dir / "report.json")
+    return report
+
+
+def predict(workdir: str | Path, input_dir: str | Path, output_dir: str | Path, mesh: str | None = None,
+            step: int | None = None) -> dict[str, Any]:
+    parts, state, _ = restore_run(Path(workdir), make_mesh(mesh or ""), step)
+    return get_domain(parts.config.domain).predict_folder(parts, state.params, Path(input_dir), Path(output_dir))

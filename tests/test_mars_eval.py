@@ -1,0 +1,78 @@
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_mars_data import write_ai4mars
+from trainutil import run
+from triskele.eval.cli import main as eval_main
+from triskele.eval.evaluate import evaluate_checkpoint
+from triskele.train.cli import main as train_main
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("mars")
+    run(workdir, "data=8", **{"run.steps": 4, "optim.lr": 3e-3})
+    return workdir
+
+
+def test_evaluation_on_another_mesh_gives_the_same_metrics(trained, devices):
+    on_training_mesh = evaluate_checkpoint(trained, mesh="data=8")
+    elsewhere = evaluate_checkpoint(trained, mesh="fsdp=4,tensor=2")
+    assert on_training_mesh["step"] == elsewhere["step"] == 4
+    assert elsewhere["mesh"] == {"pipeline": 1, "data": 1, "fsdp": 4, "tensor": 2}
+    a, b = on_training_mesh["metrics"], elsewhere["metrics"]
+    assert a["pixel_acc"] == pytest.approx(b["pixel_acc"], abs=1e-4)
+    assert a["miou"] == pytest.approx(b["miou"], abs=1e-4)
+    for name in a["iou"]:
+        assert a["iou"][name] == pytest.approx(b["iou"][name], abs=1e-3, nan_ok=True)
+    assert 0 < a["pixel_acc"] < 1
+
+
+def test_eval_cli_writes_report_plot_and_overlays(trained, capsys):
+    assert eval_main(["--workdir", str(trained), "--mesh", "data=2,fsdp=2,tensor=2"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    out = trained / "eval" / "4"
+    report = json.loads((out / "report.json").read_text())
+    assert report["step"] == 4 and report["split"] == "test" and report["records"] == 40
+    assert {"pixel_acc", "miou", "iou", "recall"} <= set(report["metrics"])
+    assert set(report["metrics"]["iou"]) == {"soil", "bedrock", "sand", "big_rock"}
+    assert printed["metrics"] == report["metrics"]
+    for name in ["confusion.png", "overlay_0.png"]:
+        assert Image.open(out / name).size[0] > 0
+    overlay = np.asarray(Image.open(out / "overlay_0.png"))
+    assert overlay.shape == (32, 96, 3)
+
+
+def test_predict_writes_one_class_mask_per_image_at_its_size(trained, tmp_path, capsys):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (40, 40), np.uint8)).save(inputs / "square.png")
+    Image.fromarray(rng.integers(0, 255, (30, 50, 3), np.uint8)).save(inputs / "wide.jpg")
+    code = eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(tmp_path / "out"),
+                      "--mesh", "data=8"])
+    assert code == 0, capsys.readouterr().err
+    square = np.asarray(Image.open(tmp_path / "out" / "square.png"))
+    wide = np.asarray(Image.open(tmp_path / "out" / "wide.png"))
+    assert square.shape == (40, 40) and set(np.unique(square)) <= {0, 1, 2, 3}
+    assert wide.shape == (30, 50)
+    assert (wide[:, :10] == 255).all() and set(np.unique(wide[:, 10:40])) <= {0, 1, 2, 3}
+
+
+def test_eval_errors(tmp_path, capsys):
+    assert eval_main(["--workdir", str(tmp_path)]) == 2
+    assert "has no checkpoints/ folder" in capsys.readouterr().err
+
+
+def test_train_and_evaluate_on_ai4mars_layout(tmp_path, capsys):
+    write_ai4mars(tmp_path / "ai4mars")
+    workdir = tmp_path / "run"
+    code = train_main(["--workdir", str(workdir), "--data", str(tmp_path / "ai4mars"), "--steps", "2",
+                       "--mesh", "data=2,tensor=4", "--no-progress", "--set", "data.global_batch=2",
+                       "--set", "model.image_size=32", "--set", "run.eval_every=0"])
+    assert code == 0, capsys.readouterr().err
+    assert "2 labelled images, 1 images without a label skipped" in capsys.readouterr().out
+    report = evaluate_checkpoint(workdir, mesh="data=2,tensor=4")
+    assert report["records"] == 1 and report["data"] == str(tmp_path / "ai4mars")

@@ -1,0 +1,62 @@
+"""Reading images and masks from disk, with errors that name the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".JPG", ".JPEG", ".PNG")
+
+
+def open_image(path: Path) -> Image.Image:
+    try:
+        image = Image.open(path)
+        image.load()
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise ValueError(f"cannot read image {path}: {err}") from None
+    return image
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the file header, without decoding the pixels."""
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise ValueError(f"cannot read image {path}: {err}") from None
+
+
+def square_crop_box(width: int, height: int) -> tuple[int, int, int, int]:
+    """The centred square of a (width, height) image."""
+    side = min(width, height)
+    left, top = (width - side) // 2, (height - side) // 2
+    return left, top, left + side, top + side
+
+
+def read_image(path: Path, size: int, channels: int) -> np.ndarray:
+    """(size, size, channels) float32 in [0, 1]: centre square crop, bilinear resize."""
+    image = open_image(path).convert("L" if channels == 1 else "RGB")
+    image = image.crop(square_crop_box(*image.size)).resize((size, size), Image.BILINEAR)
+    array = np.asarray(image, np.float32) / 255.0
+    return array[..., None] if channels == 1 else array
+
+
+def read_mask(path: Path, like: Path | None = None) -> np.ndarray:
+    """A single-channel uint8 mask at its own resolution; `like` is an image it must match in size."""
+    mask = open_image(path)
+    if mask.mode not in ("L", "P", "1", "I", "I;16"):
+        mask = mask.convert("L")
+    if like is not None:
+        expected = image_size(like)
+        if mask.size != expected:
+            raise ValueError(f"mask {path} is {mask.size[0]}x{mask.size[1]} but its image {like} is "
+                             f"{expected[0]}x{expected[1]}; masks must match their image's size")
+    return np.asarray(mask).astype(np.int64)
+
+
+def resize_mask(mask: np.ndarray, size: int) -> np.ndarray:
+    """Nearest-neighbour centre-square crop and resize of a label mask (keeps class indices)."""
+    image = Image.fromarray(mask.astype(np.uint8))
+    return np.asarray(image.crop(square_crop_box(*image.size)).resize((size, size), Image.NEAREST))
