@@ -31,8 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         _common(parser)
         parser.add_argument("--data", help="on-disk dataset (default: the run's own data)")
         parser.add_argument("--split", default="test", help="split to evaluate (default test)")
+        parser.add_argument("--holdout", metavar="METHOD",
+                            help="deepfake: evaluate only this manipulation method's fakes (with all reals)")
         args = parser.parse_args(argv)
-        run = lambda: evaluate_checkpoint(args.workdir, args.mesh, args.data, args.split, args.step)
+        run = lambda: evaluate_checkpoint(args.workdir, args.mesh, args.data, args.split, args.step, args.holdout)
     try:
         result = run()
     except ValueError as err:

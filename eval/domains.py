@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from triskele.eval import mars
+from triskele.eval import deepfake, mars
 
-DOMAINS: dict[str, ModuleType] = {"mars": mars}
+DOMAINS: dict[str, ModuleType] = {"mars": mars, "deepfake": deepfake}
 
 
 def get_domain(domain: str) -> ModuleType:

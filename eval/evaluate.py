@@ -18,11 +18,18 @@ def evaluate_checkpoint(
     data: str | None = None,
     split: str = "test",
     step: int | None = None,
+    holdout: str | None = None,
 ) -> dict[str, Any]:
     """Restores the latest (or `step`) checkpoint of `workdir` onto `mesh` (default: all local devices
-    on `data`), evaluates `split` of its data (or of `data`), writes the report, returns it."""
+    on `data`), evaluates `split` of its data (or of `data`), writes the report, returns it.
+
+    `holdout` (deepfake) evaluates only the fakes of that manipulation method, plus all reals."""
     workdir = Path(workdir)
-    overrides = {"data.path": data} if data else None
+    overrides = {}
+    if data:
+        overrides["data.path"] = data
+    if holdout:
+        overrides["data.eval_methods"] = holdout
     parts, state, step = restore_run(workdir, make_mesh(mesh or ""), step, overrides)
     domain = get_domain(parts.config.domain)
     source = parts.task.open_split(parts.config, split)
@@ -34,6 +41,7 @@ def evaluate_checkpoint(
         "split": split,
         "records": len(source),
         "data": parts.config.data.path or "synthetic",
+        **({"holdout": holdout} if holdout else {}),
         "mesh": {k: int(v) for k, v in parts.mesh.shape.items()},
         "metrics": domain.metrics(totals),
     }

@@ -73,14 +73,14 @@ class TerrainSegmenter(nnx.Module):
         nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), safe[..., None], axis=-1)[..., 0]
         return jnp.sum(nll * weight), jnp.sum(weight)
 
-    def eval_stats(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        """Summable statistics of a batch: the confusion matrix (rows truth, columns prediction)."""
+    def eval_stats(self, batch: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+        """(sums, per-record values) of a batch: the confusion matrix (rows truth, columns prediction)."""
         logits = self(batch["image"])
         label = batch["label"].astype(jnp.int32)
         weight = (label != IGNORE_LABEL).astype(jnp.float32) * batch["valid"][:, None, None]
         truth = jax.nn.one_hot(label, NUM_CLASSES) * weight[..., None]
         pred = jax.nn.one_hot(jnp.argmax(logits, -1), NUM_CLASSES)
-        return {"confusion": jnp.einsum("bhwt,bhwp->tp", truth, pred)}
+        return {"confusion": jnp.einsum("bhwt,bhwp->tp", truth, pred)}, {}
 
     def predict(self, images: jax.Array) -> jax.Array:
         return jnp.argmax(self(images), axis=-1).astype(jnp.uint8)

@@ -27,6 +27,8 @@ class ModelConfig:
     attention: str = "auto"
     depth: int | None = None
     """Overrides the named size's depth when set."""
+    frames: int = 1
+    """deepfake: 1 trains the frame detector; T > 1 the video detector on clips of T frames."""
 
 
 @dataclasses.dataclass
@@ -40,7 +42,15 @@ class DataConfig:
     """Records in the synthetic evaluation split."""
     eval_split: str = "test"
     label_agreement: int = 3
-    """AI4Mars test labels to read: masked-gold-min<k>-100agree, k in 1..3."""
+    """mars: AI4Mars test labels to read, masked-gold-min<k>-100agree, k in 1..3."""
+    frames_per_video: int = 32
+    """deepfake: frames sampled uniformly from each video."""
+    holdout: str | None = None
+    """deepfake: manipulation family/method left out of training (cross-manipulation protocol)."""
+    eval_methods: str | None = None
+    """deepfake: comma-separated methods whose fakes evaluation uses (None: all)."""
+    compression: str = "c23"
+    """deepfake: FaceForensics++ compression folder (raw, c23, c40)."""
     threads: int = 4
     """Threads that load batches ahead of the step."""
     prefetch: int = 4
@@ -127,7 +137,8 @@ _SIZES: dict[str, dict[str, Any]] = {
 _DOMAINS: dict[str, dict[str, Any]] = {
     "mars": {"model.channels": 1, "checkpoint.best_metric": "eval_loss"},
     "merch": {"model.channels": 3},
-    "deepfake": {"model.channels": 3},
+    "deepfake": {"model.channels": 3, "data.frames_per_video": 8, "data.train_size": 6144,
+                 "data.eval_size": 1024, "run.steps": 1500, "run.eval_every": 750},
 }
 PRESETS: dict[str, dict[str, Any]] = {
     f"{domain}-{size}": {"domain": domain, **_DOMAINS[domain], **_SIZES[size]}

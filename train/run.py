@@ -62,17 +62,22 @@ def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
 
 
 def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, np.ndarray]:
-    """Sums of the eval step over every record of `source` exactly once (padding masked out)."""
+    """Every record of `source` exactly once (padding masked out): the eval step's sums added up,
+    and its per-record values concatenated in record order, padding rows dropped."""
     batch_size = parts.config.data.global_batch
     eval_step = make_eval_step(parts.graphdef, parts.mesh)
     rows = process_rows(parts.mesh, batch_size)
     totals: dict[str, np.ndarray] = {}
+    records: dict[str, list[np.ndarray]] = {}
     with jax.set_mesh(parts.mesh):
         for local in eval_batches(source, batch_size, rows):
-            sums = jax.device_get(eval_step(params, host_to_global(local, parts.mesh, batch_size)))
+            sums, per_record = jax.device_get(eval_step(params, host_to_global(local, parts.mesh, batch_size)))
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0) + np.asarray(value, np.float64)
-    return totals
+            keep = np.asarray(per_record.pop("valid")) > 0
+            for key, value in per_record.items():
+                records.setdefault(key, []).append(np.asarray(value)[keep])
+    return {**totals, **{key: np.concatenate(parts_) for key, parts_ in records.items()}}
 
 
 def restore_run(

@@ -86,13 +86,15 @@ def make_train_step(
     )
 
 
-def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh) -> Callable[[dict, Batch], dict[str, jax.Array]]:
-    """`eval_step(params, batch) -> sums` (loss_sum, weight and the model's summable eval stats)."""
+def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh) -> Callable[[dict, Batch], tuple[dict, dict]]:
+    """`eval_step(params, batch) -> (sums, per_record)`: loss_sum, weight and the model's summable
+    statistics; the model's per-record values (scores, labels, ids) with the batch's `valid` mask."""
 
-    def eval_step(params: dict, batch: Batch) -> dict[str, jax.Array]:
+    def eval_step(params: dict, batch: Batch) -> tuple[dict, dict]:
         model = nnx.merge(graphdef, params)
         total, weight = model.loss_terms(batch)
-        return {"loss_sum": total, "weight": weight, **model.eval_stats(batch)}
+        sums, per_record = model.eval_stats(batch)
+        return {"loss_sum": total, "weight": weight, **sums}, {**per_record, "valid": batch["valid"]}
 
     return jax.jit(eval_step, out_shardings=NamedSharding(mesh, PartitionSpec()))
 

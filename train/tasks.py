@@ -7,9 +7,11 @@ from collections.abc import Callable
 
 import jax
 from flax import nnx
+from triskele.models.deepfake import FrameDetector, VideoDetector
 from triskele.models.mars import TerrainSegmenter
 from triskele.models.vit import ViTConfig
 from triskele.train.config import Config
+from triskele.train.data.deepfake import FAMILIES, FaceFrames, SyntheticFaces
 from triskele.train.data.mars import SyntheticTerrain, TerrainFiles
 from triskele.train.data.pipeline import Source
 
@@ -49,7 +51,36 @@ def _mars_split(config: Config, split: str) -> Source:
     return SyntheticTerrain(split, size, config.model.image_size, seed=config.run.seed)
 
 
+def _methods(text: str | None) -> tuple[str, ...] | None:
+    return tuple(m.strip() for m in text.split(",") if m.strip()) if text else None
+
+
+def _deepfake_split(config: Config, split: str) -> Source:
+    data, frames = config.data, config.model.frames
+    holdout = (data.holdout,) if data.holdout else ()
+    chosen = None if split == "train" else _methods(data.eval_methods)
+    if data.path:
+        files = FaceFrames(data.path, split, config.model.image_size, data.frames_per_video, frames,
+                           methods=chosen, exclude=holdout if split == "train" else (),
+                           compression=data.compression)
+        if jax.process_index() == 0:
+            print(files.report(), flush=True)
+        return files
+    families = tuple(f for f in (chosen or FAMILIES) if f not in (holdout if split == "train" else ()))
+    size = data.train_size if split == "train" else data.eval_size
+    return SyntheticFaces(split, size, config.model.image_size, data.frames_per_video, seed=config.run.seed,
+                          families=families, clip_frames=frames)
+
+
+def _deepfake_model(config: Config, rngs: nnx.Rngs) -> nnx.Module:
+    vit = vit_config(config)
+    if config.model.frames > 1:
+        return VideoDetector(vit, config.model.frames, rngs=rngs)
+    return FrameDetector(vit, rngs=rngs)
+
+
 TASKS: dict[str, Task] = {
+    "deepfake": Task(build_model=_deepfake_model, open_split=_deepfake_split),
     "mars": Task(
         build_model=lambda config, rngs: TerrainSegmenter(vit_config(config), rngs=rngs),
         open_split=_mars_split,

@@ -1,0 +1,338 @@
+"""Deepfake data: procedural faces with self-blended fakes, and FaceForensics++ frames on disk.
+
+Synthetic fakes are made the way self-blended images are: the same face is altered by one
+manipulation family (colour shift, exposure, down-then-up resampling, sharpening) and blended
+back through a jittered, elastically deformed, blurred mask of the inner face; real and fake
+frames alike are JPEG-compressed at a random quality. Real and fake videos come in pairs of the
+same identity, so identity is no shortcut. A video is T frames of one identity with small
+motion; a fake keeps its blend across frames with slight flicker.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from scipy import ndimage
+from triskele.train.data.images import IMAGE_SUFFIXES, read_image
+
+FAMILIES = ("ColorShift", "Exposure", "Resample", "Sharpen")
+_SPLIT_OFFSET = {"train": 0, "val": 1, "test": 2}
+
+
+def _ellipse(rows, cols, cy, cx, ry, rx) -> np.ndarray:
+    return ((rows - cy) / ry) ** 2 + ((cols - cx) / rx) ** 2
+
+
+def _identity(seed: int, identity: int) -> dict:
+    rng = np.random.default_rng([seed, 7, identity])
+    r = rng.uniform(0.45, 0.95)
+    g = r * rng.uniform(0.6, 0.85)
+    return {
+        "skin": np.array([r, g, g * rng.uniform(0.6, 0.9)]),
+        "bg": rng.uniform(0.1, 0.9, size=(2, 3)),
+        "hair": rng.uniform(0.02, 0.6) * np.array([1.0, rng.uniform(0.6, 1.0), rng.uniform(0.3, 0.9)]),
+        "center": (rng.uniform(0.5, 0.58), rng.uniform(0.45, 0.55)),
+        "radii": (rng.uniform(0.34, 0.4), rng.uniform(0.26, 0.32)),
+        "eye_dx": rng.uniform(0.1, 0.14), "eye_y": rng.uniform(-0.1, -0.06), "eye_r": rng.uniform(0.03, 0.045),
+        "iris": rng.uniform(0.05, 0.5, size=3),
+        "mouth_y": rng.uniform(0.15, 0.2), "mouth_w": rng.uniform(0.08, 0.13),
+        "lips": np.array([rng.uniform(0.5, 0.8), rng.uniform(0.15, 0.35), rng.uniform(0.2, 0.35)]),
+        "hairline": rng.uniform(0.15, 0.3),
+        "light": rng.uniform(0, 2 * np.pi), "light_strength": rng.uniform(0.05, 0.25),
+        "pore_seed": int(rng.integers(1 << 30)), "pore": rng.uniform(0.02, 0.05),
+    }
+
+
+def render_face(ident: dict, size: int, shift: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
+    """(RGB float image, inner-face region in [0, 1]) of one identity, moved by `shift` pixels."""
+    rows, cols = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
+    cy, cx = ident["center"][0] * size + shift[0], ident["center"][1] * size + shift[1]
+    ry, rx = ident["radii"][0] * size, ident["radii"][1] * size
+    t = rows / size
+    image = ident["bg"][0] * (1 - t[..., None]) + ident["bg"][1] * t[..., None]
+    face = _ellipse(rows, cols, cy, cx, ry, rx) < 1
+    light = np.cos(ident["light"]) * (cols - cx) / rx + np.sin(ident["light"]) * (rows - cy) / ry
+    pores = np.random.default_rng(ident["pore_seed"]).normal(0, ident["pore"], size=(size, size))
+    skin = ident["skin"] * (1 + ident["light_strength"] * light[..., None]) + pores[..., None]
+    image = np.where(face[..., None], skin, image)
+    hair = face & (rows < cy - ry * (1 - 2 * ident["hairline"])) | (
+        (_ellipse(rows, cols, cy - 0.15 * ry, cx, 1.05 * ry, 1.1 * rx) < 1) & ~face & (rows < cy)
+    )
+    image = np.where(hair[..., None], ident["hair"] + 0.04 * pores[..., None], image)
+    er = ident["eye_r"] * size
+    for side in (-1, 1):
+        ey, ex = cy + ident["eye_y"] * size, cx + side * ident["eye_dx"] * size
+        white = _ellipse(rows, cols, ey, ex, 0.6 * er, er) < 1
+        iris = _ellipse(rows, cols, ey, ex, 0.55 * er, 0.55 * er) < 1
+        brow = (_ellipse(rows, cols, ey - 1.6 * er, ex, 0.3 * er, 1.3 * er) < 1)
+        image = np.where(white[..., None], 0.92, image)
+        image = np.where(iris[..., None], ident["iris"], image)
+        image = np.where(brow[..., None], ident["hair"], image)
+    nose = _ellipse(rows, cols, cy + 0.05 * size, cx + 0.01 * size, 0.06 * size, 0.025 * size) < 1
+    image = np.where(nose[..., None], image * 0.85, image)
+    mouth = _ellipse(rows, cols, cy + ident["mouth_y"] * size, cx, 0.025 * size, ident["mouth_w"] * size) < 1
+    image = np.where(mouth[..., None], ident["lips"], image)
+    inner = _ellipse(rows, cols, cy + 0.04 * size, cx, 0.7 * ry, 0.78 * rx) < 1
+    return np.clip(image, 0, 1), inner.astype(np.float64)
+
+
+def _manipulate(image: np.ndarray, family: str, rng: np.random.Generator) -> np.ndarray:
+    """The altered face that a fake blends in; each family has its own settings."""
+    if family == "ColorShift":
+        return image + rng.choice([-1, 1], size=3) * rng.uniform(0.08, 0.18, size=3)
+    if family == "Exposure":
+        contrast = rng.choice([rng.uniform(0.55, 0.8), rng.uniform(1.25, 1.5)])
+        return (image - image.mean()) * contrast + image.mean() + rng.choice([-1, 1]) * rng.uniform(0.08, 0.16)
+    if family == "Resample":
+        size = image.shape[0]
+        small = max(size // int(rng.integers(2, 5)), 4)
+        pil = Image.fromarray((np.clip(image, 0, 1) * 255).astype(np.uint8))
+        down = pil.resize((small, small), Image.BILINEAR)
+        return np.asarray(down.resize((size, size), Image.NEAREST if rng.random() < 0.5 else Image.BILINEAR)) / 255.0
+    if family == "Sharpen":
+        blurred = ndimage.gaussian_filter(image, sigma=(1.0, 1.0, 0))
+        return image + rng.uniform(2.0, 4.0) * (image - blurred)
+    raise ValueError(f"unknown manipulation family {family!r}; families are {', '.join(FAMILIES)}")
+
+
+def _blend_mask(inner: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Jittered (scale, shift), elastically deformed and blurred version of the inner-face region."""
+    size = inner.shape[0]
+    rows, cols = np.mgrid[0:size, 0:size].astype(np.float64)
+    scale = rng.uniform(0.85, 1.1)
+    cy, cx = size / 2 + rng.normal(0, 1.5), size / 2 + rng.normal(0, 1.5)
+    coarse = rng.normal(0, size * 0.03, size=(2, 4, 4))
+    flow = [ndimage.zoom(c, size / 4, order=3)[:size, :size] for c in coarse]
+    src_r = (rows - cy) / scale + size / 2 + flow[0]
+    src_c = (cols - cx) / scale + size / 2 + flow[1]
+    warped = ndimage.map_coordinates(inner, [src_r, src_c], order=1, mode="constant")
+    return np.clip(ndimage.gaussian_filter(warped, rng.uniform(0.5, 2.0)), 0, 1)
+
+
+def jpeg(image: np.ndarray, quality: int) -> np.ndarray:
+    buffer = io.BytesIO()
+    Image.fromarray((np.clip(image, 0, 1) * 255).round().astype(np.uint8)).save(buffer, "JPEG", quality=quality)
+    return np.asarray(Image.open(buffer), np.float32) / 255.0
+
+
+def render_video(seed: int, video: int, size: int, frames: int, family: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Frames (T, size, size, 3) float32 and blend masks (T, size, size) uint8 (0 everywhere for a
+    real video): video `video`, real if `family` is None, else self-blended.
+
+    Videos 2k and 2k+1 share identity k, so a real and a fake video of each face exist.
+    """
+    ident = _identity(seed, video // 2)
+    rng = np.random.default_rng([seed, 11, video])
+    walk = np.cumsum(rng.normal(0, 0.6, size=(frames, 2)), axis=0)
+    fake_rng = np.random.default_rng([seed, 13, video])
+    mask_rng_state = fake_rng.integers(1 << 30)
+    manip_state = fake_rng.integers(1 << 30)
+    focus = rng.uniform(0.0, 0.55)  # camera blur of the whole frame: smoothness alone is no cue
+    out, blends = [], []
+    for t in range(frames):
+        image, inner = render_face(ident, size, tuple(walk[t]))
+        mask = np.zeros((size, size, 1))
+        if family is not None:
+            altered = _manipulate(image, family, np.random.default_rng(manip_state))
+            mask = _blend_mask(inner, np.random.default_rng(mask_rng_state))
+            flicker = 1.0 + 0.08 * rng.normal()
+            mask = np.clip(mask * flicker, 0, 1)[..., None]
+            image = np.clip(mask * altered + (1 - mask) * image, 0, 1)
+        if focus > 0.15:
+            image = ndimage.gaussian_filter(image, sigma=(focus, focus, 0))
+        out.append(jpeg(image, int(rng.integers(75, 96))))
+        blends.append((mask[..., 0] * 255).round().astype(np.uint8))
+    return np.stack(out), np.stack(blends)
+
+
+class SyntheticFaces:
+    """Random-access synthetic split of videos; records are frames (`clip_frames` 1) or clips.
+
+    Video v is fake when v is odd, with family FAMILIES-chosen from `families` by a hash of v.
+    """
+
+    def __init__(self, split: str, num_records: int, image_size: int, frames_per_video: int, seed: int = 0,
+                 families: tuple[str, ...] = FAMILIES, clip_frames: int = 1, cache_bytes: int = 256 << 20):
+        if split not in _SPLIT_OFFSET:
+            raise ValueError(f"deepfake split {split!r} is not one of {', '.join(_SPLIT_OFFSET)}")
+        unknown = set(families) - set(FAMILIES)
+        if unknown or not families:
+            raise ValueError(f"manipulation families {sorted(unknown) or '()'} unknown; choose from {FAMILIES}")
+        self.split, self.image_size, self.seed = split, image_size, seed
+        self.frames_per_video, self.clip_frames, self.families = frames_per_video, clip_frames, tuple(families)
+        per_record = clip_frames if clip_frames > 1 else 1
+        per_video = frames_per_video // per_record if clip_frames == 1 else 1
+        self.num_videos = max(num_records // max(per_video, 1), 2)
+        self.num_records = self.num_videos * per_video
+        self._per_video = per_video
+        frame_bytes = 12 * image_size**2 * frames_per_video
+        self._video = functools.lru_cache(maxsize=max(cache_bytes // frame_bytes, 2))(self._render)
+
+    def __len__(self) -> int:
+        return self.num_records
+
+    def family(self, video: int) -> str | None:
+        if video % 2 == 0:
+            return None
+        pick = np.random.default_rng([self.seed, 17, _SPLIT_OFFSET[self.split], video]).integers(len(self.families))
+        return self.families[pick]
+
+    def _render(self, video: int) -> np.ndarray:
+        global_video = video + _SPLIT_OFFSET[self.split] * 1_000_000
+        frames = self.clip_frames if self.clip_frames > 1 else self.frames_per_video
+        return render_video(self.seed, global_video, self.image_size, frames, self.family(video))
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        if not 0 <= index < self.num_records:
+            raise IndexError(f"record {index} is outside the {self.split} split of {self.num_records} records")
+        video, frame = divmod(index, self._per_video)
+        frames, blends = self._video(video)
+        if self.clip_frames == 1:
+            frames, blends = frames[frame], blends[frame]
+        return augment(image=frames, label=int(video % 2), video=video, rng=rng, blend=blends)
+
+
+def augment(image: np.ndarray, label: int, video: int, rng: np.random.Generator | None,
+            blend: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """A random horizontal flip (rng None: none), as the record dict the model reads.
+
+    `blend` is where a fake was blended in (uint8, 255 = fully), known for synthetic fakes; on-disk
+    data has none, and `blend_known` 0 keeps it out of the loss.
+    """
+    known = blend is not None
+    if blend is None:
+        blend = np.zeros(image.shape[:-1], np.uint8)
+    if rng is not None and rng.random() < 0.5:
+        image, blend = image[..., ::-1, :], blend[..., ::-1]
+    return {"image": np.ascontiguousarray(image, np.float32), "label": np.int32(label), "video": np.int32(video),
+            "blend": np.ascontiguousarray(blend), "blend_known": np.float32(known)}
+
+
+def sample_uniformly(frames: list[Path], count: int) -> list[Path]:
+    """`count` frames spread evenly over the video (all of them if it has fewer)."""
+    if len(frames) <= count:
+        return frames
+    return [frames[i] for i in np.linspace(0, len(frames) - 1, count).round().astype(int)]
+
+
+def _video_frames(folder: Path) -> list[Path]:
+    frames = sorted(p for p in folder.iterdir() if p.suffix in IMAGE_SUFFIXES)
+    if not frames:
+        raise ValueError(f"video folder {folder} holds no frames (.png/.jpg)")
+    return frames
+
+
+class FaceFrames:
+    """Face-crop frames on disk: FaceForensics++ preprocessing output or a generic real/fake layout.
+
+    FF++: `original_sequences/youtube/<c>/frames/<vid>/NNN.png` (real) and
+    `manipulated_sequences/<Method>/<c>/frames/<a>_<b>/NNN.png` (fake), with `splits/<split>.json`
+    (pairs [a, b]: reals a and b, fakes a_b and b_a) when present; without it every video is in
+    every split (reported). Generic: `[<split>/]{real,fake}/<video>/<frame>.png`.
+    Records are frames (`clip_frames` 1) or clips of `clip_frames` frames; `frames_per_video`
+    frames are sampled uniformly from each video.
+    """
+
+    def __init__(self, root: str | Path, split: str, image_size: int, frames_per_video: int,
+                 clip_frames: int = 1, methods: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
+                 compression: str = "c23"):
+        self.root, self.split, self.image_size = Path(root), split, image_size
+        self.clip_frames = clip_frames
+        if not self.root.is_dir():
+            raise ValueError(f"data.path {str(self.root)!r} is not a folder")
+        self.notes: list[str] = []
+        if (self.root / "original_sequences").is_dir():
+            self.layout = "FaceForensics++"
+            videos = self._ffpp(compression, methods, exclude)
+        else:
+            self.layout = "generic"
+            videos = self._generic()
+        if not any(label == 0 for *_, label in videos) or not any(label == 1 for *_, label in videos):
+            raise ValueError(f"{self.layout} data at {self.root}, split {split!r}: needs real and fake videos, "
+                             f"found {sum(1 for *_, lab in videos if lab == 0)} real and "
+                             f"{sum(1 for *_, lab in videos if lab == 1)} fake")
+        self.video_names = [name for name, _, _ in videos]
+        self.records: list[tuple[list[Path], int, int]] = []
+        for index, (_, folder, label) in enumerate(videos):
+            frames = sample_uniformly(_video_frames(folder), frames_per_video)
+            if clip_frames == 1:
+                self.records.extend(([frame], label, index) for frame in frames)
+            else:
+                clip = sample_uniformly(frames, clip_frames)
+                if len(clip) < clip_frames:
+                    raise ValueError(f"video folder {folder} has {len(clip)} frames, fewer than the clip "
+                                     f"length model.frames={clip_frames}")
+                self.records.append((clip, label, index))
+
+    def _ffpp(self, compression: str, methods: tuple[str, ...] | None, exclude: tuple[str, ...]):
+        real_dir = self.root / "original_sequences" / "youtube" / compression / "frames"
+        fake_root = self.root / "manipulated_sequences"
+        if not real_dir.is_dir():
+            raise ValueError(f"FaceForensics++ layout at {self.root}: missing folder {real_dir}")
+        available = sorted(p.name for p in fake_root.iterdir() if p.is_dir()) if fake_root.is_dir() else []
+        for name in (methods or ()) + exclude:
+            if name not in available:
+                raise ValueError(f"manipulation method {name!r} not under {fake_root}; methods there: {available}")
+        chosen = [m for m in (methods or available) if m not in exclude]
+        split_file = self.root / "splits" / f"{self.split}.json"
+        if split_file.is_file():
+            try:
+                pairs = json.loads(split_file.read_text())
+                reals = sorted({str(v) for pair in pairs for v in pair})
+                fakes = sorted({f"{a}_{b}" for a, b in pairs} | {f"{b}_{a}" for a, b in pairs})
+            except (json.JSONDecodeError, TypeError, ValueError) as err:
+                raise ValueError(f"split file {split_file} is not a JSON list of [a, b] pairs: {err}") from None
+            required = True
+        else:
+            reals = sorted(p.name for p in real_dir.iterdir() if p.is_dir())
+            fakes = None
+            required = False
+            self.notes.append(f"no {split_file.name}: every video is in split {self.split!r}")
+        videos = []
+        for vid in reals:
+            folder = real_dir / vid
+            if not folder.is_dir():
+                raise ValueError(f"split file {split_file} lists real video {vid!r} but {folder} does not exist")
+            videos.append((f"original/{vid}", folder, 0))
+        for method in chosen:
+            method_dir = fake_root / method / compression / "frames"
+            names = fakes if fakes is not None else sorted(p.name for p in method_dir.iterdir() if p.is_dir())
+            for vid in names:
+                folder = method_dir / vid
+                if not folder.is_dir():
+                    if required:
+                        raise ValueError(
+                            f"split file {split_file} lists fake video {vid!r} but {folder} does not exist"
+                        )
+                    continue
+                videos.append((f"{method}/{vid}", folder, 1))
+        return videos
+
+    def _generic(self):
+        base = self.root / self.split if (self.root / self.split / "real").is_dir() else self.root
+        if not (base / "real").is_dir() or not (base / "fake").is_dir():
+            raise ValueError(f"data.path {str(self.root)!r} matches no deepfake layout: expected original_sequences/ "
+                             f"(FaceForensics++) or [{self.split}/]real/ and fake/ folders of videos")
+        if base == self.root:
+            self.notes.append(f"no {self.split}/ folder: every video is in split {self.split!r}")
+        return [(f"{kind}/{p.name}", p, label) for kind, label in (("real", 0), ("fake", 1))
+                for p in sorted((base / kind).iterdir()) if p.is_dir()]
+
+    def report(self) -> str:
+        videos = len(self.video_names)
+        return (f"{self.layout} data at {self.root}, split {self.split!r}: {videos} videos, {len(self.records)} "
+                "records" + "".join(f"; {note}" for note in self.notes))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        paths, label, video = self.records[index]
+        frames = [read_image(p, self.image_size, 3) for p in paths]
+        image = np.stack(frames) if self.clip_frames > 1 else frames[0]
+        return augment(image, label, video, rng)
