@@ -15,9 +15,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from triskele.eval.evaluate import evaluate_checkpoint, predict
+    from triskele.eval.evaluate import build_gallery, evaluate_checkpoint, predict
 
-    if argv[:1] == ["predict"]:
+    if argv[:1] == ["gallery"]:
+        parser = argparse.ArgumentParser(prog="python -m triskele.eval gallery",
+                                         description="merch: embed reference images into WORKDIR/gallery/index.npz.")
+        _common(parser)
+        parser.add_argument("--input", required=True, help="folder of <sku>/ folders of reference images")
+        args = parser.parse_args(argv[1:])
+        run = lambda: build_gallery(args.workdir, args.input, args.mesh, args.step)
+    elif argv[:1] == ["predict"]:
         parser = argparse.ArgumentParser(prog="python -m triskele.eval predict",
                                          description="Predict every image of a folder with a checkpoint.")
         _common(parser)

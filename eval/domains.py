@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from triskele.eval import deepfake, mars
+from triskele.eval import deepfake, mars, merch
 
-DOMAINS: dict[str, ModuleType] = {"mars": mars, "deepfake": deepfake}
+DOMAINS: dict[str, ModuleType] = {"mars": mars, "deepfake": deepfake, "merch": merch}
 
 
 def get_domain(domain: str) -> ModuleType:

@@ -56,4 +56,16 @@ def evaluate_checkpoint(
 def predict(workdir: str | Path, input_dir: str | Path, output_dir: str | Path, mesh: str | None = None,
             step: int | None = None) -> dict[str, Any]:
     parts, state, _ = restore_run(Path(workdir), make_mesh(mesh or ""), step)
-    return get_domain(parts.config.domain).predict_folder(parts, state.params, Path(input_dir), Path(output_dir))
+    domain = get_domain(parts.config.domain)
+    if parts.config.domain == "merch":
+        return domain.predict_folder(parts, state.params, Path(input_dir), Path(output_dir), Path(workdir))
+    return domain.predict_folder(parts, state.params, Path(input_dir), Path(output_dir))
+
+
+def build_gallery(workdir: str | Path, input_dir: str | Path, mesh: str | None = None,
+                  step: int | None = None) -> dict[str, Any]:
+    """merch: embeds a folder of reference images (`<sku>/*.jpg`) into WORKDIR/gallery/index.npz."""
+    parts, state, _ = restore_run(Path(workdir), make_mesh(mesh or ""), step)
+    if parts.config.domain != "merch":
+        raise ValueError(f"a gallery index is for merch runs; {workdir} trained {parts.config.domain!r}")
+    return get_domain("merch").build_gallery(parts, state.params, Path(input_dir), Path(workdir))

@@ -31,6 +31,7 @@ LOGICAL_RULES: tuple[tuple[str, MeshAxes], ...] = (
     ("stage", "pipeline"),
     ("repeats", None),
     ("patch", None),
+    ("embedding", None),
     # Activations. Their embed stays whole: FSDP gathers weights, not activations.
     ("batch", ("data", "fsdp")),
     ("batch", "data"),

@@ -51,6 +51,8 @@ class DataConfig:
     """deepfake: comma-separated methods whose fakes evaluation uses (None: all)."""
     compression: str = "c23"
     """deepfake: FaceForensics++ compression folder (raw, c23, c40)."""
+    num_skus: int = 100
+    """merch (synthetic): SKUs in the training catalogue."""
     threads: int = 4
     """Threads that load batches ahead of the step."""
     prefetch: int = 4
@@ -136,7 +138,8 @@ _SIZES: dict[str, dict[str, Any]] = {
 }
 _DOMAINS: dict[str, dict[str, Any]] = {
     "mars": {"model.channels": 1, "checkpoint.best_metric": "eval_loss"},
-    "merch": {"model.channels": 3},
+    "merch": {"model.channels": 3, "data.train_size": 20000, "data.eval_size": 1200, "run.steps": 1200,
+              "run.eval_every": 600},
     "deepfake": {"model.channels": 3, "data.frames_per_video": 8, "data.train_size": 6144,
                  "data.eval_size": 1024, "run.steps": 1500, "run.eval_every": 750},
 }

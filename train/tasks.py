@@ -9,10 +9,12 @@ import jax
 from flax import nnx
 from triskele.models.deepfake import FrameDetector, VideoDetector
 from triskele.models.mars import TerrainSegmenter
+from triskele.models.merch import SkuRecognizer
 from triskele.models.vit import ViTConfig
 from triskele.train.config import Config
 from triskele.train.data.deepfake import FAMILIES, FaceFrames, SyntheticFaces
 from triskele.train.data.mars import SyntheticTerrain, TerrainFiles
+from triskele.train.data.merch import ProductImages, SyntheticRetail
 from triskele.train.data.pipeline import Source
 
 
@@ -79,7 +81,25 @@ def _deepfake_model(config: Config, rngs: nnx.Rngs) -> nnx.Module:
     return FrameDetector(vit, rngs=rngs)
 
 
+def _merch_split(config: Config, split: str) -> Source:
+    data = config.data
+    if data.path:
+        files = ProductImages(data.path, split, config.model.image_size)
+        if jax.process_index() == 0:
+            print(files.report(), flush=True)
+        return files
+    size = data.train_size if split == "train" else data.eval_size
+    return SyntheticRetail(split, size, config.model.image_size, seed=config.run.seed, train_skus=data.num_skus)
+
+
+def _merch_model(config: Config, rngs: nnx.Rngs) -> nnx.Module:
+    classes = (ProductImages(config.data.path, "train", config.model.image_size).num_classes
+               if config.data.path else config.data.num_skus + 1)
+    return SkuRecognizer(vit_config(config), classes, rngs=rngs)
+
+
 TASKS: dict[str, Task] = {
+    "merch": Task(build_model=_merch_model, open_split=_merch_split),
     "deepfake": Task(build_model=_deepfake_model, open_split=_deepfake_split),
     "mars": Task(
         build_model=lambda config, rngs: TerrainSegmenter(vit_config(config), rngs=rngs),

@@ -1,0 +1,203 @@
+import csv
+import json
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+from trainutil import mesh_of
+from triskele.eval.cli import main as eval_main
+from triskele.eval.evaluate import evaluate_checkpoint
+from triskele.eval.merch import compliance_report, planogram_metrics, retrieval_metrics, topk_accuracy
+from triskele.eval.predict import predict_arrays
+from triskele.train import make_config, train
+from triskele.train.data.merch import (
+    EMPTY,
+    GALLERY,
+    QUERY,
+    ProductImages,
+    SyntheticRetail,
+    inject_violations,
+    make_planogram,
+    read_planogram,
+)
+from triskele.train.run import restore_run
+
+
+def test_generator_is_deterministic_and_splits_are_disjoint_in_skus():
+    a, b = SyntheticRetail("test", 700, 32), SyntheticRetail("test", 700, 32)
+    for i in (0, 300, len(a) - 1):
+        np.testing.assert_array_equal(a.load(i)["image"], b.load(i)["image"])
+    records = [a.load(i) for i in range(len(a))]
+    queries = {int(r["label"]) for r in records if r["kind"] == QUERY}
+    assert queries and min(queries) >= a.train_skus  # open-set SKUs are not training SKUs
+    assert {int(r["label"]) for r in records if r["kind"] == GALLERY} == queries
+    train = SyntheticRetail("train", 200, 32)
+    labels = {int(train.load(i)["label"]) for i in range(200)}
+    assert max(labels) == train.num_classes - 1 and all(label < train.train_skus + 1 for label in labels)
+
+
+def test_nearest_neighbour_on_mean_colour_is_far_from_solving_it():
+    train = SyntheticRetail("train", 3000, 32)
+    test = SyntheticRetail("test", 900, 32)
+    feats, labels = zip(*[(train.load(i)["image"].mean((0, 1)), int(train.load(i)["label"])) for i in range(3000)],
+                        strict=True)
+    feats, labels = np.array(feats), np.array(labels)
+    closed = [test.load(i) for i in range(len(test)) if test.layout[i][0] == "closed"]
+    queries = np.array([r["image"].mean((0, 1)) for r in closed])
+    nearest = labels[np.argmin(((queries[:, None] - feats[None]) ** 2).sum(-1), axis=1)]
+    top1 = float((nearest == np.array([int(r["label"]) for r in closed])).mean())
+    assert top1 < 0.40, top1
+
+
+def test_retrieval_and_topk_metrics_on_hand_made_embeddings():
+    gallery = np.eye(3)
+    gallery_labels = np.array([7, 8, 9])
+    queries = np.array([[0.9, 0.1, 0], [0, 0.2, 0.9], [0.6, 0.7, 0]])
+    queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    got = retrieval_metrics(queries, np.array([7, 9, 7]), gallery, gallery_labels)
+    # Query 3 ranks label 8 first, 7 second: recall@1 2/3, AP 1, 1, 1/2.
+    assert got["recall_at_1"] == pytest.approx(2 / 3)
+    assert got["recall_at_5"] == 1.0
+    assert got["map"] == pytest.approx((1 + 1 + 0.5) / 3)
+    assert topk_accuracy(np.array([[3, 1, 2, 0, 4], [0, 1, 2, 3, 4]]), np.array([3, 4])) == (0.5, 1.0)
+
+
+def test_planogram_comparison_on_a_hand_made_shelf():
+    expected = np.array(["a", "a", "b", "c"], dtype=object)
+    actual = np.array(["a", EMPTY, "b", "b"], dtype=object)  # a gap and a wrong SKU
+    predicted = np.array(["a", EMPTY, "c", "b"], dtype=object)  # gap and wrong SKU caught, one false alarm
+    m = planogram_metrics(predicted, expected, actual, np.zeros(4))
+    assert m["facing_acc"] == 0.75
+    assert m["violation_precision"] == pytest.approx(2 / 3) and m["violation_recall"] == 1.0
+    assert m["compliance"] == 0.25 and m["true_compliance"] == 0.5
+    report = compliance_report(expected.reshape(2, 2), actual.reshape(2, 2))
+    assert report["compliance"] == 0.5
+    assert [(v["row"], v["col"], v["status"]) for v in report["violations"]] == [(0, 1, "gap"), (1, 1, "wrong_sku")]
+    assert report["violations"][0]["found"] is None
+
+
+def test_injected_violations_change_some_facings():
+    rng = np.random.default_rng(0)
+    plan = make_planogram(rng, 100, 3, 4)
+    actual = inject_violations(plan, rng, 5, 100, rate=0.5)
+    assert plan.shape == actual.shape == (3, 4)
+    assert (actual != plan).any() and (actual == plan).any()
+
+
+# --- on-disk layouts --------------------------------------------------------------------------
+
+
+def _img(path, value=120):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((20, 16, 3), value, np.uint8)).save(path)
+
+
+def write_products(root):
+    for sku in ("cola", "tea"):
+        for i in range(3):
+            _img(root / "train" / sku / f"{i}.jpg", 40 if sku == "cola" else 200)
+        _img(root / "test" / sku / "0.jpg")
+    _img(root / "test" / "newjuice" / "0.jpg", 90)
+    _img(root / "gallery" / "newjuice" / "ref.jpg", 90)
+    _img(root / "gallery" / "cola" / "ref.jpg", 40)
+
+
+def test_class_folder_layout_with_open_set_and_gallery(tmp_path):
+    write_products(tmp_path)
+    train = ProductImages(tmp_path, "train", 16)
+    assert train.classes == ["cola", "tea"] and len(train) == 6
+    test = ProductImages(tmp_path, "test", 16)
+    kinds = sorted((r[3], int(r[2])) for r in test.records)
+    assert kinds == [("cola", 0), ("cola", 2), ("newjuice", 1), ("newjuice", 2), ("tea", 0)]
+    query = next(r for r in test.records if r[2] == QUERY)
+    gallery = next(r for r in test.records if r[2] == GALLERY and r[3] == "newjuice")
+    assert query[1] == gallery[1]  # one id space for queries and gallery
+    assert test.load(0)["image"].shape == (16, 16, 3)
+
+
+def test_grocery_store_layout_and_bad_inputs(tmp_path):
+    for fine in ("Apple/Granny", "Apple/Pink", "Milk/Oat"):
+        _img(tmp_path / "train" / fine / "a.jpg")
+    assert ProductImages(tmp_path, "train", 16).classes == ["Apple/Granny", "Apple/Pink", "Milk/Oat"]
+    (tmp_path / "train" / "Juice").mkdir()
+    with pytest.raises(ValueError, match="class folder .*Juice holds no images"):
+        ProductImages(tmp_path, "train", 16)
+    (tmp_path / "train" / "Juice").rmdir()
+    (tmp_path / "train" / "Milk" / "Oat" / "a.jpg").write_bytes(b"junk")
+    files = ProductImages(tmp_path, "train", 16)
+    with pytest.raises(ValueError, match="cannot read image .*Oat/a.jpg"):
+        files.load(len(files) - 1)
+    with pytest.raises(ValueError, match="has no test/ folder"):
+        ProductImages(tmp_path, "test", 16)
+    (tmp_path / "plan.json").write_text('{"rows": [["a"], ["a", "b"]]}')
+    with pytest.raises(ValueError, match="plan.json is not valid"):
+        read_planogram(tmp_path / "plan.json")
+
+
+# --- trained model: mesh invariance, eval, predict ---------------------------------------------
+
+SMALL = {"model.image_size": 32, "data.train_size": 512, "data.eval_size": 300, "data.num_skus": 20,
+         "optim.warmup_steps": 0, "optim.lr": 1e-3, "run.log_every": 1, "run.eval_every": 0, "data.threads": 2}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("merch")
+    train(make_config("merch-tiny", {**SMALL, "run.steps": 3}), workdir, mesh=mesh_of("data=8"), progress=False)
+    return workdir
+
+
+def test_embeddings_are_mesh_invariant(trained, devices):
+    images = np.stack([SyntheticRetail("test", 300, 32, train_skus=20).load(i)["image"] for i in range(16)])
+    out = {}
+    for spec in ("data=8", "tensor=2,fsdp=4"):
+        parts, state, _ = restore_run(trained, mesh_of(spec))
+        out[spec] = predict_arrays(parts, state.params, images, method="embed")
+    assert out["data=8"].shape == (16, 128)
+    np.testing.assert_allclose(np.linalg.norm(out["data=8"], axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(out["tensor=2,fsdp=4"], out["data=8"], atol=2e-6)
+    parts, state, _ = restore_run(trained, mesh_of("tensor=2,fsdp=4"))
+    assert state.params["classifier"]["kernel"].sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
+
+
+def test_eval_report_keys(trained, devices):
+    report = evaluate_checkpoint(trained, mesh="data=2,fsdp=2,tensor=2")
+    assert {"top1", "top5", "recall_at_1", "recall_at_5", "map", "facing_acc", "violation_precision",
+            "violation_recall"} <= set(report["metrics"])
+
+
+def test_gallery_index_crop_and_shelf_prediction(trained, tmp_path, capsys):
+    synth = SyntheticRetail("test", 300, 32, train_skus=20)
+    gallery_dir = tmp_path / "gallery"
+    for sku in range(3):
+        path = gallery_dir / f"sku{sku}" / "ref.png"
+        path.parent.mkdir(parents=True)
+        Image.fromarray((synth.load(len(synth) - 24 + sku)["image"] * 255).astype(np.uint8)).save(path)
+    empty = gallery_dir / "empty" / "e.png"
+    empty.parent.mkdir()
+    Image.fromarray(np.full((32, 32, 3), 90, np.uint8)).save(empty)
+    assert eval_main(["gallery", "--workdir", str(trained), "--input", str(gallery_dir), "--mesh", "data=8"]) == 0
+    assert (trained / "gallery" / "index.npz").is_file()
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shelf = np.concatenate([np.concatenate([np.full((32, 32, 3), 30 * (r * 2 + c), np.uint8) for c in range(2)], 1)
+                            for r in range(2)], 0)
+    Image.fromarray(shelf).save(inputs / "shelf.png")
+    (inputs / "shelf.json").write_text(json.dumps({"rows": [["sku0", "sku1"], ["sku2", None]]}))
+    Image.fromarray(np.full((32, 32, 3), 60, np.uint8)).save(inputs / "crop.png")
+    out = tmp_path / "out"
+    assert eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(out),
+                      "--mesh", "data=8"]) == 0, capsys.readouterr().err
+    report = json.loads((out / "shelf.json").read_text())
+    assert len(report["facings"]) == 4 and 0 <= report["compliance"] <= 1
+    assert Image.open(out / "shelf.png").size == (64, 64)
+    rows = list(csv.DictReader((out / "predictions.csv").open()))
+    assert rows[0]["image"] == "crop.png" and rows[0]["top1"].startswith(("sku", "empty"))
+    assert rows[0]["gallery_nearest"] in {"sku0", "sku1", "sku2", "empty"}
+
+    (inputs / "shelf.json").write_text(json.dumps({"rows": [["sku0", "sku9"], ["sku2", None]]}))
+    assert eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(out),
+                      "--mesh", "data=8"]) == 2
+    assert "names SKUs not in the gallery: ['sku9']" in capsys.readouterr().err
