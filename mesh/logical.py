@@ -27,6 +27,7 @@ LOGICAL_RULES: tuple[tuple[str, MeshAxes], ...] = (
     ("kv", None),
     ("classes", "tensor"),
     ("classes", None),
+    ("layers", "pipeline"),
     ("layers", None),
     ("stage", "pipeline"),
     ("repeats", None),
@@ -51,6 +52,8 @@ LOGICAL_RULES: tuple[tuple[str, MeshAxes], ...] = (
 )
 
 KNOWN_NAMES = frozenset(name for name, _ in LOGICAL_RULES)
+UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
+"""A dimension `constrain` leaves to the partitioner (keeps whatever sharding it has)."""
 
 
 def _as_tuple(axes: MeshAxes) -> tuple[str, ...]:
@@ -74,8 +77,8 @@ def logical_to_mesh(
     used: set[str] = set()
     spec: list[MeshAxes] = []
     for dim, name in enumerate(names):
-        if name is None:
-            spec.append(None)
+        if name is None or name is UNCONSTRAINED:
+            spec.append(name)
             continue
         if name not in known:
             raise ValueError(

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from triskele.mesh import constrain
+from triskele.mesh.pipeline import circular_pipeline
 from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, zeros_param
 
 # (width, depth, mlp width, heads): ViT (Dosovitskiy et al.), ViT-g from Zhai et al. "Scaling ViTs".
@@ -38,6 +39,10 @@ class ViTConfig:
     remat: bool = False
     attention: str = "auto"
     dtype: str = "float32"
+    pipeline_stages: int = 1
+    """Stages on the `pipeline` mesh axis; 1 runs the layers with a plain scan."""
+    pipeline_repeats: int = 1
+    pipeline_microbatches: int = 1
 
     @classmethod
     def named(cls, size: str, **overrides) -> ViTConfig:
@@ -131,30 +136,48 @@ class Block(nnx.Module):
 
 
 def stacked_blocks(cfg: ViTConfig, rngs: nnx.Rngs) -> Block:
-    """`cfg.depth` blocks whose parameters are stacked along a leading `layers` axis."""
+    """`cfg.depth` blocks, parameters stacked along a leading `layers` axis; with pipeline repeats v > 1,
+    along (`repeats`, `layers`) = (v, depth / v), so that a pipeline stage's layers of every repeat
+    sit together on its devices (the `layers` axis goes to `pipeline`)."""
 
-    @nnx.split_rngs(splits=cfg.depth)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-    def make(rngs: nnx.Rngs) -> Block:
-        return Block(cfg, rngs=rngs)
+    def make_layers(rngs: nnx.Rngs) -> Block:
+        @nnx.split_rngs(splits=cfg.depth // cfg.pipeline_repeats)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make(rngs: nnx.Rngs) -> Block:
+            return Block(cfg, rngs=rngs)
 
-    return make(rngs)
+        return make(rngs)
+
+    if cfg.pipeline_repeats == 1:
+        return make_layers(rngs)
+
+    @nnx.split_rngs(splits=cfg.pipeline_repeats)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "repeats"})
+    def make_repeats(rngs: nnx.Rngs) -> Block:
+        return make_layers(rngs)
+
+    return make_repeats(rngs)
 
 
-def scan_blocks(blocks: Block, x: jax.Array, remat: bool) -> jax.Array:
-    """Runs stacked blocks in order with `nnx.scan` (one compiled block, any depth)."""
+def run_blocks(blocks: Block, x: jax.Array, cfg: ViTConfig) -> jax.Array:
+    """Applies the stacked blocks in order: a scan, or the circular pipeline when there are stages."""
+    graphdef, state = nnx.split(blocks)
 
-    def apply(block: Block, h: jax.Array) -> jax.Array:
-        return block(h)
+    def layer(h: jax.Array, layer_state: nnx.State) -> tuple[jax.Array, None]:
+        return nnx.merge(graphdef, layer_state)(h), None
 
-    if remat:
-        apply = nnx.remat(apply)
+    def layers(layers_state: nnx.State, h: jax.Array) -> jax.Array:
+        return jax.lax.scan(layer, h, layers_state)[0]
 
-    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"})
-    def body(h: jax.Array, block: Block) -> jax.Array:
-        return apply(block, h)
-
-    return body(x, blocks)
+    if cfg.pipeline_stages > 1:
+        if cfg.pipeline_repeats == 1:
+            state = jax.tree.map(lambda a: a[None], state)
+        return circular_pipeline(layers, state, x, cfg.pipeline_stages, cfg.pipeline_microbatches, remat=cfg.remat)
+    if cfg.pipeline_repeats > 1:
+        state = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), state)
+    if cfg.remat:
+        layer = jax.checkpoint(layer)
+    return jax.lax.scan(layer, x, state)[0]
 
 
 class ViT(nnx.Module):
@@ -177,7 +200,7 @@ class ViT(nnx.Module):
             cls = jnp.broadcast_to(self.cls_token[...].astype(x.dtype), (x.shape[0], 1, cfg.width))
             x = jnp.concatenate([cls, x], axis=1)
         x = constrain(x + self.pos_embed[...].astype(x.dtype), "batch", "length", "act_embed")
-        x = scan_blocks(self.blocks, x, cfg.remat)
+        x = run_blocks(self.blocks, x, cfg)
         return self.norm(x)
 
     def patch_tokens(self, tokens: jax.Array) -> jax.Array:

@@ -5,7 +5,7 @@ from triskele.mesh import logical_to_mesh, make_mesh
 
 def test_parameter_and_activation_names():
     assert logical_to_mesh(("embed", "mlp")) == P("fsdp", "tensor")
-    assert logical_to_mesh(("layers", "embed", "heads", "kv")) == P(None, "fsdp", "tensor", None)
+    assert logical_to_mesh(("layers", "embed", "heads", "kv")) == P("pipeline", "fsdp", "tensor", None)
     assert logical_to_mesh(("batch", "length", "act_embed")) == P(("data", "fsdp"), None, None)
     assert logical_to_mesh((None, "embed")) == P(None, "fsdp")
 

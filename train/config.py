@@ -85,7 +85,9 @@ class CheckpointConfig:
 
 @dataclasses.dataclass
 class PipelineConfig:
-    microbatches: int = 1
+    """Used when the mesh has pipeline > 1 (repeats also shapes the stacked layers)."""
+
+    microbatches: int = 4
     repeats: int = 1
 
 

@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
+from triskele.mesh.pipeline import bubble_fraction
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.compile_cache import enable_compilation_cache
 from triskele.train.config import Config
@@ -135,6 +136,17 @@ def _restore_or_init(parts: RunParts, checkpoints: Checkpoints) -> TrainState:
     return state
 
 
+def _pipeline_schedule(parts: RunParts) -> dict[str, float | int]:
+    """P, v, M, iterations and bubble fraction of the run's pipeline ({} without one)."""
+    stages = parts.mesh.shape["pipeline"]
+    if stages == 1:
+        return {}
+    repeats, microbatches = parts.config.pipeline.repeats, parts.config.pipeline.microbatches
+    return {"stages": stages, "repeats": repeats, "microbatches": microbatches,
+            "iterations": repeats * microbatches + stages - 1,
+            "bubble": bubble_fraction(stages, repeats, microbatches)}
+
+
 def _train(
     parts: RunParts,
     workdir: Path,
@@ -164,6 +176,9 @@ def _train(
         threads=config.data.threads, prefetch=config.data.prefetch, workers=config.data.workers,
     )
     train_step = None
+    schedule = _pipeline_schedule(parts)
+    if schedule and log.enabled:
+        print("pipeline: " + ", ".join(f"{k}={v}" for k, v in schedule.items()), flush=True)
     bar = tqdm(total=total, initial=first, disable=not progress or not log.enabled, unit="step", dynamic_ncols=True)
     last_log_time, last_log_step = time.perf_counter(), first
     with _SigtermFlag() as sigterm, jax.set_mesh(mesh):
@@ -190,7 +205,8 @@ def _train(
                 now = time.perf_counter()
                 ips = batch_size * (done - last_log_step) / max(now - last_log_time, 1e-9)
                 last_log_time, last_log_step = now, done
-                log.write({"step": done, **metrics, "images_per_sec": ips})
+                log.write({"step": done, **metrics, "images_per_sec": ips,
+                           **({"pipeline_bubble": schedule["bubble"]} if schedule else {})})
                 bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{ips:.0f}")
             eval_metrics = None
             every = config.run.eval_every

@@ -53,7 +53,7 @@ def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
     seed = config.run.seed
 
     def build_model() -> nnx.Module:
-        return task.build_model(config, nnx.Rngs(params=seed))
+        return task.build_model(config, nnx.Rngs(params=seed), mesh.shape["pipeline"])
 
     graphdef, params = abstract_model(build_model)
     tx, schedule = make_optimizer(config.optim, config.run.steps)

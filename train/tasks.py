@@ -25,11 +25,14 @@ def compute_dtype(precision: str) -> str:
     return precision
 
 
-def vit_config(config: Config) -> ViTConfig:
+def vit_config(config: Config, pipeline_stages: int = 1) -> ViTConfig:
+    """The backbone's config; `pipeline_stages` is the mesh's `pipeline` size."""
     m = config.model
     overrides = dict(
         patch=m.patch, image_size=m.image_size, channels=m.channels, pool=m.pool,
         remat=m.remat, attention=m.attention, dtype=compute_dtype(config.precision),
+        pipeline_stages=pipeline_stages, pipeline_repeats=config.pipeline.repeats,
+        pipeline_microbatches=config.pipeline.microbatches,
     )
     if m.depth is not None:
         overrides["depth"] = m.depth
@@ -38,7 +41,8 @@ def vit_config(config: Config) -> ViTConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    build_model: Callable[[Config, nnx.Rngs], nnx.Module]
+    build_model: Callable[[Config, nnx.Rngs, int], nnx.Module]
+    """(config, rngs, pipeline stages) -> model."""
     open_split: Callable[[Config, str], Source]
 
 
@@ -74,8 +78,8 @@ def _deepfake_split(config: Config, split: str) -> Source:
                           families=families, clip_frames=frames)
 
 
-def _deepfake_model(config: Config, rngs: nnx.Rngs) -> nnx.Module:
-    vit = vit_config(config)
+def _deepfake_model(config: Config, rngs: nnx.Rngs, stages: int) -> nnx.Module:
+    vit = vit_config(config, stages)
     if config.model.frames > 1:
         return VideoDetector(vit, config.model.frames, rngs=rngs)
     return FrameDetector(vit, rngs=rngs)
@@ -92,17 +96,17 @@ def _merch_split(config: Config, split: str) -> Source:
     return SyntheticRetail(split, size, config.model.image_size, seed=config.run.seed, train_skus=data.num_skus)
 
 
-def _merch_model(config: Config, rngs: nnx.Rngs) -> nnx.Module:
+def _merch_model(config: Config, rngs: nnx.Rngs, stages: int) -> nnx.Module:
     classes = (ProductImages(config.data.path, "train", config.model.image_size).num_classes
                if config.data.path else config.data.num_skus + 1)
-    return SkuRecognizer(vit_config(config), classes, rngs=rngs)
+    return SkuRecognizer(vit_config(config, stages), classes, rngs=rngs)
 
 
 TASKS: dict[str, Task] = {
     "merch": Task(build_model=_merch_model, open_split=_merch_split),
     "deepfake": Task(build_model=_deepfake_model, open_split=_deepfake_split),
     "mars": Task(
-        build_model=lambda config, rngs: TerrainSegmenter(vit_config(config), rngs=rngs),
+        build_model=lambda config, rngs, stages: TerrainSegmenter(vit_config(config, stages), rngs=rngs),
         open_split=_mars_split,
     ),
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jax.sharding import Mesh
+from triskele.mesh.pipeline import check_schedule
 from triskele.train.config import Config
 from triskele.train.tasks import vit_config
 
@@ -13,6 +14,7 @@ def _divisors(n: int) -> list[int]:
 
 def validate(config: Config, mesh: Mesh) -> None:
     shape = dict(mesh.shape)
+    stages, microbatches = shape["pipeline"], config.pipeline.microbatches if shape["pipeline"] > 1 else 1
     batch_shards = shape["data"] * shape["fsdp"]
     batch, accum = config.data.global_batch, config.optim.grad_accum
     if batch % batch_shards:
@@ -27,14 +29,20 @@ def validate(config: Config, mesh: Mesh) -> None:
             f"which must be divisible by data x fsdp = {batch_shards}; use grad_accum in "
             f"{[k for k in _divisors(batch) if (batch // k) % batch_shards == 0]}"
         )
+    unit = accum * microbatches * batch_shards
+    if batch % unit:
+        raise ValueError(
+            f"data.global_batch={batch} is not divisible by pipeline.microbatches x data x fsdp"
+            f"{' x optim.grad_accum' if accum > 1 else ''} = {unit} on mesh '{config.mesh}'; "
+            f"use data.global_batch={(batch // unit + 1) * unit} or fewer pipeline.microbatches"
+        )
     vit = vit_config(config)
     if vit.heads % shape["tensor"]:
         raise ValueError(
             f"model.size={config.model.size!r} has {vit.heads} heads, not divisible by mesh tensor={shape['tensor']}; "
             f"use tensor in {_divisors(vit.heads)}"
         )
-    if shape["pipeline"] > 1:
-        raise ValueError(
-            f"mesh '{config.mesh}' has pipeline={shape['pipeline']}, but pipeline parallelism is not "
-            "available yet; put those devices on data, fsdp or tensor"
-        )
+    if stages > 1:
+        check_schedule(vit.depth, stages, config.pipeline.repeats, microbatches)
+    elif vit.depth % config.pipeline.repeats:
+        raise ValueError(f"model depth {vit.depth} is not divisible by pipeline.repeats={config.pipeline.repeats}")
