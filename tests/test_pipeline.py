@@ -1,0 +1,124 @@
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_trees_close, relative_error
+from flax import nnx
+from trainutil import final_params, mesh_of, run, small_config, step_records
+from triskele.mesh import host_to_global, make_mesh, tree_shardings
+from triskele.mesh.pipeline import bubble_fraction, check_schedule
+from triskele.models import ViT, ViTConfig
+from triskele.train import train
+from triskele.train.cli import main as train_main
+from triskele.train.data.pipeline import TrainStepLoader
+from triskele.train.run import prepare
+from triskele.train.step import batch_shardings_of, make_train_step
+
+BASE = ViTConfig.named("tiny", patch=8, image_size=32)
+IMAGES = jax.random.normal(jax.random.key(1), (16, 32, 32, 3))
+
+
+def forward_and_grad(cfg: ViTConfig, mesh):
+    abstract = nnx.eval_shape(lambda: ViT(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract, nnx.Param)
+    init = lambda: nnx.to_pure_dict(nnx.state(ViT(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+    params = jax.jit(init, out_shardings=tree_shardings(state, mesh))()
+
+    def loss(p):
+        tokens = nnx.merge(graphdef, p)(IMAGES)
+        return jnp.mean(tokens**2), tokens
+
+    with jax.set_mesh(mesh):
+        (_, tokens), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return np.asarray(tokens), jax.device_get(grads)
+
+
+@pytest.mark.parametrize(
+    "stages, repeats, microbatches, spec",
+    [(2, 1, 2, "pipeline=2,data=4"), (2, 2, 4, "pipeline=2,data=2,tensor=2"), (4, 1, 4, "pipeline=4,tensor=2"),
+     (4, 2, 8, "pipeline=4,data=2")],
+)
+def test_pipelined_encoder_equals_the_plain_scan(stages, repeats, microbatches, spec, devices):
+    plain = dataclasses.replace(BASE, pipeline_repeats=repeats)
+    reference = forward_and_grad(plain, make_mesh("data=1", devices=devices[:1]))
+    piped = dataclasses.replace(plain, pipeline_stages=stages, pipeline_microbatches=microbatches)
+    tokens, grads = forward_and_grad(piped, make_mesh(spec))
+    assert_trees_close(tokens, reference[0], 1e-5)
+    assert_trees_close(grads, reference[1], 1e-5)
+
+
+def test_bubble_fraction_and_schedule_errors():
+    assert bubble_fraction(4, 1, 8) == pytest.approx(3 / 11)
+    assert bubble_fraction(4, 2, 8) == pytest.approx(3 / 19)
+    with pytest.raises(ValueError, match="depth 8 is not divisible by pipeline stages x pipeline.repeats = 4 x 3"):
+        check_schedule(8, 4, 3, 4)
+    with pytest.raises(ValueError, match="pipeline.microbatches=2 is fewer than the 4 pipeline stages"):
+        check_schedule(8, 4, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--mesh", "pipeline=4,data=2", "--set", "pipeline.repeats=4"],
+      "depth 8 is not divisible by pipeline stages x pipeline.repeats = 4 x 4"),
+     (["--mesh", "pipeline=4,data=2", "--set", "pipeline.microbatches=2"], "fewer than the 4 pipeline stages"),
+     (["--mesh", "pipeline=2,data=4", "--set", "pipeline.microbatches=3"],
+      "not divisible by pipeline.microbatches x data x fsdp = 12")],
+)
+def test_pipeline_config_errors(flags, message, tmp_path, capsys):
+    assert train_main(["--workdir", str(tmp_path), "--no-progress", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("single")
+    run(workdir, "single", **{"run.steps": 5})
+    return step_records(workdir)
+
+
+@pytest.mark.parametrize("spec", ["pipeline=2,data=4", "pipeline=4,tensor=2", "pipeline=2,data=2,tensor=2"])
+def test_training_on_pipeline_meshes_matches_one_device(spec, single_device, tmp_path, devices):
+    run(tmp_path, spec, **{"run.steps": 5})
+    records = step_records(tmp_path)
+    for step, reference in single_device.items():
+        for key in ("loss", "grad_norm"):
+            assert relative_error(records[step][key], reference[key]) < 1e-4, (step, key)
+    stages = int(spec.split(",")[0].split("=")[1])
+    assert records[5]["pipeline_bubble"] == pytest.approx(bubble_fraction(stages, 1, 4))
+
+
+@pytest.mark.parametrize("first, second", [("pipeline=2,data=4", "data=8"), ("data=8", "pipeline=2,data=4")])
+def test_checkpoints_move_between_pipeline_and_data_meshes(first, second, tmp_path, devices):
+    config = small_config(**{"run.steps": 4})
+    train(config, tmp_path / "straight", mesh=mesh_of(first), progress=False)
+    train(config, tmp_path / "moved", mesh=mesh_of(first), progress=False, stop_after_step=2)
+    moved = train(config, tmp_path / "moved", mesh=mesh_of(second), progress=False)
+    assert moved.first_step == 3
+    records, reference = step_records(tmp_path / "moved"), step_records(tmp_path / "straight")
+    for step in (3, 4):
+        assert relative_error(records[step]["loss"], reference[step]["loss"]) < 1e-5
+    assert_trees_close(final_params(tmp_path / "moved")[0], final_params(tmp_path / "straight")[0], 1e-4)
+
+
+def test_pipelined_step_permutes_activations_and_never_gathers_the_layer_stack(devices):
+    config = small_config()
+    mesh = mesh_of("pipeline=2,data=4")
+    parts = prepare(config, mesh)
+    state = parts.init_state()
+    source = parts.task.open_split(config, "train")
+    batch = host_to_global(TrainStepLoader(source, 32, 0, (0, 32))(0), mesh, 32)
+    step = make_train_step(parts.graphdef, parts.tx, parts.schedule, 1, parts.shardings,
+                           batch_shardings_of(batch, mesh, 32), mesh)
+    with jax.set_mesh(mesh):
+        hlo = step.lower(state, batch).compile().as_text()
+    assert "collective-permute" in hlo
+    kernel = state.params["backbone"]["blocks"]["mlp"]["up"]["kernel"]
+    assert kernel.sharding.spec[0] == "pipeline" and kernel.addressable_shards[0].data.shape[0] == 4
+    depth = kernel.shape[0]
+    gathered = [line for line in hlo.splitlines() if re.search(r"= f32\[[^\]]*\] all-gather\(", line)]
+    for line in gathered:
+        dims = [int(d) for d in re.search(r"f32\[([^\]]*)\]", line).group(1).split(",") if d]
+        assert depth not in dims[:2], f"the layer stack is gathered: {line.strip()[:120]}"
