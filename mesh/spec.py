@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
 MESH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp", "tensor")
@@ -80,9 +81,30 @@ class MeshSpec:
         return sizes
 
 
-def make_mesh(spec: str | Mapping[str, int] | MeshSpec | None, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """Builds the device mesh (axes `pipeline, data, fsdp, tensor`, all `AxisType.Auto`)."""
+def make_mesh(
+    spec: str | Mapping[str, int] | MeshSpec | None,
+    devices: Sequence[jax.Device] | None = None,
+    dcn: str | Mapping[str, int] | MeshSpec | None = None,
+) -> Mesh:
+    """Builds the device mesh (axes `pipeline, data, fsdp, tensor`, all `AxisType.Auto`).
+
+    `dcn` names how many hosts (processes) each axis spans, e.g. `data=2`: the mesh is then built
+    with `create_hybrid_device_mesh`, so the other axes, `tensor` above all, stay inside a host.
+    """
     devices = list(jax.devices() if devices is None else devices)
     sizes = MeshSpec.parse(spec).resolve(len(devices))
     shape = tuple(sizes[name] for name in MESH_AXES)
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    if not dcn:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    dcn_sizes = MeshSpec.parse(dcn).sizes()
+    hosts = len({d.process_index for d in devices})
+    if -1 in dcn_sizes.values() or math.prod(dcn_sizes.values()) != hosts:
+        raise ValueError(f"--dcn '{dcn}' must multiply to the {hosts} processes, with no -1")
+    for name in MESH_AXES:
+        if sizes[name] % dcn_sizes[name]:
+            raise ValueError(f"--dcn '{dcn}': mesh {name}={sizes[name]} is not divisible by {dcn_sizes[name]} hosts")
+    ici = tuple(sizes[name] // dcn_sizes[name] for name in MESH_AXES)
+    dcn_shape = tuple(dcn_sizes[name] for name in MESH_AXES)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn_shape, devices, process_is_granule=True)
+    return Mesh(grid, MESH_AXES, axis_types=axis_types)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import jax
 from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
 
 
@@ -26,29 +27,63 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override one config key, e.g. --set optim.lr=3e-4; may repeat")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--stop-after-step", type=int, metavar="N",
+                        help="checkpoint and stop at global step N (the next run resumes there)")
+    multi = parser.add_argument_group("multi-host (JAX multi-controller)")
+    multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (else auto-detected)")
+    multi.add_argument("--num-processes", type=int, help="processes in the job")
+    multi.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
+    multi.add_argument("--local-device-ids", help="comma-separated GPU ids this process drives")
+    multi.add_argument("--distributed-timeout", type=int, default=60, metavar="S",
+                       help="seconds to wait for the coordinator (default 60)")
+    multi.add_argument("--heartbeat-timeout", type=int, default=30, metavar="S",
+                       help="seconds after which a dead process stops the others (default 30)")
+    multi.add_argument("--dcn", help="how many hosts each mesh axis spans, e.g. data=2 (hybrid mesh)")
+    multi.add_argument("--local-processes", type=int, metavar="N",
+                       help="try multi-host on this machine: start N processes on 127.0.0.1 and wait")
+    multi.add_argument("--devices-per-process", type=int, default=1, metavar="K",
+                       help="with --local-processes: simulated CPU devices per process (default 1)")
     return parser
 
 
 def config_from_args(args: argparse.Namespace):
     flags = {"mesh": args.mesh, "run.steps": args.steps, "run.log_every": args.log_every,
-             "run.seed": args.seed, "data.path": args.data}
+             "run.seed": args.seed, "data.path": args.data, "dcn": args.dcn}
     overrides = [f"{key}={value}" for key, value in flags.items() if value is not None] + list(args.overrides)
     return make_config(args.preset, overrides, files=args.config)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    if args.local_processes:
+        from triskele.train.launch import launch_local
+
+        return launch_local(argv, args.local_processes, args.devices_per_process)
     try:
         config = config_from_args(args)
+        from triskele.mesh.distributed import DistributedOptions, initialize
+
+        initialize(DistributedOptions(
+            coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id,
+            local_device_ids=[int(i) for i in args.local_device_ids.split(",")] if args.local_device_ids else None,
+            timeout_s=args.distributed_timeout, heartbeat_timeout_s=args.heartbeat_timeout,
+        ))
         from triskele.train.loop import train
 
-        summary = train(config, workdir=args.workdir, progress=not args.no_progress)
+        summary = train(config, workdir=args.workdir, progress=not args.no_progress,
+                        stop_after_step=args.stop_after_step)
+    except ConnectionError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except FloatingPointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    if jax.process_index() != 0:
+        return 0
     print(f"{summary.stopped_by}: step {summary.final_step} of {config.run.steps}, last loss {summary.last_loss}")
     if summary.eval_metrics:
         print("eval: " + ", ".join(f"{k}={v:.4f}" for k, v in summary.eval_metrics.items()))

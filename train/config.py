@@ -108,6 +108,8 @@ class Config:
     preset: str = "mars-tiny"
     mesh: str = ""
     """Mesh spec, e.g. 'data=2,fsdp=2,tensor=2'; '' puts every device on `data`."""
+    dcn: str = ""
+    """Multi-host: how many hosts each mesh axis spans, e.g. 'data=2' (hybrid mesh); '' = plain mesh."""
     precision: str = "auto"
     """Compute dtype: float32, bfloat16, or auto (bfloat16 on GPU/TPU, float32 on CPU). Weights stay float32."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

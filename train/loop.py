@@ -45,14 +45,17 @@ class TrainSummary:
 
 
 class _SigtermFlag:
-    """Sets a flag on SIGTERM (main thread only) so the loop can save and exit cleanly."""
+    """Sets a flag on SIGTERM (main thread only) so the loop can save and exit cleanly.
+
+    In a multi-process run JAX's preemption service owns SIGTERM instead: it makes every process
+    agree on the step to stop at (`CheckpointManager.reached_preemption`)."""
 
     def __init__(self):
         self.raised = False
         self._previous = None
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self
 
@@ -215,12 +218,13 @@ def _train(
                 summary.eval_metrics = eval_metrics
                 log.write({"step": done, **eval_metrics})
                 last_log_time = time.perf_counter()  # images/s measures training, not evaluation
-            stop = sigterm.raised or done == stop_after_step
+            preempted = jax.process_count() > 1 and checkpoints.manager.reached_preemption(done)
+            stop = sigterm.raised or preempted or done == stop_after_step
             if stop or done % config.checkpoint.every == 0 or done == total:
                 checkpoints.save(done, state, {"next_step": done}, config_dict, eval_metrics)
             if stop:
                 checkpoints.wait()
-                summary.stopped_by = "sigterm" if sigterm.raised else "stop_after_step"
+                summary.stopped_by = "sigterm" if sigterm.raised or preempted else "stop_after_step"
                 break
         else:
             summary.stopped_by = "completed"

@@ -47,7 +47,7 @@ class RunParts:
 
 def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
     """Validates `config` against the mesh and lays out (abstractly) everything the step needs."""
-    mesh = make_mesh(config.mesh) if mesh is None else mesh
+    mesh = make_mesh(config.mesh, dcn=config.dcn) if mesh is None else mesh
     validate(config, mesh)
     task = get_task(config.domain)
     seed = config.run.seed

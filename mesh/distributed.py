@@ -1,0 +1,93 @@
+"""Starting JAX's multi-controller runtime: flags, cluster auto-detection, or a single process.
+
+Call `initialize` before any JAX computation. Order of precedence: explicit coordinator flags,
+then the environment that `jax.distributed.initialize()` detects (SLURM, Open MPI,
+Kubernetes/JobSet), then nothing (one process). On CPU the collectives go through gloo, so
+several processes on one machine form a real multi-host run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+
+import jax
+
+
+@dataclasses.dataclass
+class DistributedOptions:
+    coordinator: str | None = None
+    """HOST:PORT of process 0's coordination service."""
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: list[int] | None = None
+    """GPUs this process drives, when the launcher gives each process its own (e.g. one per task)."""
+    timeout_s: int = 60
+    """How long to wait for the coordinator before a clear error."""
+    heartbeat_timeout_s: int = 30
+    """How long the others wait for a dead process before stopping with a non-zero exit."""
+
+
+CLUSTER_VARIABLES = {
+    "SLURM": ("SLURM_JOB_ID", "SLURM_NTASKS"),
+    "Open MPI": ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+    "Kubernetes JobSet": ("JOBSET_NAME", "JOB_COMPLETION_INDEX"),
+}
+
+
+def detected_cluster() -> str | None:
+    """The launcher whose environment describes a multi-process job, if any."""
+    env = os.environ
+    if "SLURM_JOB_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return "SLURM"
+    if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        return "Open MPI"
+    if "JOBSET_NAME" in env or ("JOB_COMPLETION_INDEX" in env and "KUBERNETES_SERVICE_HOST" in env):
+        return "Kubernetes JobSet"
+    return None
+
+
+def wait_for_coordinator(address: str, timeout_s: float) -> None:
+    """Polls HOST:PORT until it accepts a connection; a clear error naming it after `timeout_s`."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--coordinator {address!r} is not HOST:PORT (e.g. 10.0.0.1:1234)")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(2.0, timeout_s)):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"cannot reach the coordinator at {address} within {timeout_s:g} s ({err}); start process 0 "
+                    "first, check the address and port, or raise --distributed-timeout"
+                ) from None
+            time.sleep(0.25)
+
+
+def initialize(options: DistributedOptions | None = None) -> bool:
+    """Starts the runtime; returns True for a multi-process run, False for a single process."""
+    options = options or DistributedOptions()
+    explicit = options.coordinator is not None
+    if explicit and (options.num_processes is None or options.process_id is None):
+        raise ValueError("--coordinator needs --num-processes and --process-id too")
+    cluster = None if explicit else detected_cluster()
+    if not explicit and cluster is None:
+        return False
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # the CPU client's collectives
+    jax.config.update("jax_enable_preemption_service", True)
+    kwargs = dict(
+        initialization_timeout=options.timeout_s,
+        heartbeat_timeout_seconds=options.heartbeat_timeout_s,
+        local_device_ids=options.local_device_ids,
+    )
+    if explicit:
+        if options.process_id != 0:  # process 0 hosts the coordinator; the others must reach it
+            wait_for_coordinator(options.coordinator, options.timeout_s)
+        jax.distributed.initialize(options.coordinator, options.num_processes, options.process_id, **kwargs)
+    else:
+        jax.distributed.initialize(**kwargs)
+    return True
