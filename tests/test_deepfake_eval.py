@@ -7,23 +7,20 @@ import numpy as np
 import pytest
 from flax import nnx
 from test_deepfake_data import write_ffpp
-from trainutil import mesh_of
+from trainutil import mesh_of, small_config, train_small
 from triskele.eval.cli import main as eval_main
 from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.mesh import tree_shardings
 from triskele.models import ViTConfig
 from triskele.models.deepfake import VideoDetector
-from triskele.train import make_config, train
+from triskele.train import train
 
-SMALL = {"model.image_size": 32, "data.train_size": 256, "data.eval_size": 64, "data.frames_per_video": 4,
-         "optim.warmup_steps": 0, "optim.lr": 1e-3, "run.log_every": 1, "run.eval_every": 0, "data.threads": 2}
+FACES = {"data.eval_size": 64, "data.frames_per_video": 4}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("deepfake")
-    train(make_config("deepfake-tiny", {**SMALL, "run.steps": 3}), workdir, mesh=mesh_of("data=8"), progress=False)
-    return workdir
+    return train_small(tmp_path_factory.mktemp("deepfake"), "deepfake-tiny", "data=8", **FACES, **{"run.steps": 3})
 
 
 def test_evaluation_is_mesh_invariant_and_reports_deepfakebench_metrics(trained, devices):
@@ -83,7 +80,7 @@ def test_video_model_output_shape_and_sharding(devices):
 
 
 def test_video_detector_trains_on_clips(tmp_path, devices):
-    config = make_config("deepfake-tiny", {**SMALL, "model.frames": 4, "run.steps": 2, "data.global_batch": 8,
+    config = small_config("deepfake-tiny", **FACES, **{"model.frames": 4, "run.steps": 2, "data.global_batch": 8,
                                            "run.eval_every": 2})
     summary = train(config, tmp_path, mesh=mesh_of("data=8"), progress=False)
     assert summary.final_step == 2 and np.isfinite(summary.last_loss)

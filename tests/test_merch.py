@@ -5,12 +5,11 @@ import jax
 import numpy as np
 import pytest
 from PIL import Image
-from trainutil import mesh_of
+from trainutil import mesh_of, train_small
 from triskele.eval.cli import main as eval_main
 from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.eval.merch import compliance_report, planogram_metrics, retrieval_metrics, topk_accuracy
 from triskele.eval.predict import predict_arrays
-from triskele.train import make_config, train
 from triskele.train.data.merch import (
     EMPTY,
     GALLERY,
@@ -137,15 +136,12 @@ def test_grocery_store_layout_and_bad_inputs(tmp_path):
 
 # --- trained model: mesh invariance, eval, predict ---------------------------------------------
 
-SMALL = {"model.image_size": 32, "data.train_size": 512, "data.eval_size": 300, "data.num_skus": 20,
-         "optim.warmup_steps": 0, "optim.lr": 1e-3, "run.log_every": 1, "run.eval_every": 0, "data.threads": 2}
+SHOP = {"data.train_size": 512, "data.eval_size": 300, "data.num_skus": 20}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("merch")
-    train(make_config("merch-tiny", {**SMALL, "run.steps": 3}), workdir, mesh=mesh_of("data=8"), progress=False)
-    return workdir
+    return train_small(tmp_path_factory.mktemp("merch"), "merch-tiny", "data=8", **SHOP, **{"run.steps": 3})
 
 
 def test_embeddings_are_mesh_invariant(trained, devices):

@@ -25,8 +25,14 @@ SMALL = {
 }
 
 
-def small_config(**overrides):
-    return make_config("mars-tiny", {**SMALL, **overrides})
+def small_config(preset: str = "mars-tiny", **overrides):
+    return make_config(preset, {**SMALL, **overrides})
+
+
+def train_small(workdir: Path, preset: str, spec: str, **overrides) -> Path:
+    """A short run of `preset` at the small settings on mesh `spec`; returns the workdir."""
+    train(small_config(preset, **overrides), workdir=workdir, mesh=mesh_of(spec), progress=False)
+    return workdir
 
 
 def mesh_of(spec: str):
