@@ -6,6 +6,7 @@ Shared by training and evaluation so that both build exactly the same state layo
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,11 @@ class RunParts:
     def init_state(self) -> TrainState:
         return init_state(self.build_model, self.tx, self.shardings)
 
+    @functools.cached_property
+    def eval_step(self):
+        """The jitted eval step, built once per run (periodic evaluations reuse its compilation)."""
+        return make_eval_step(self.graphdef, self.mesh)
+
     def restore(self, checkpoints: Checkpoints, step: int) -> tuple[TrainState, dict]:
         """Restores checkpoint `step` onto this run's mesh (resharding as needed)."""
         return checkpoints.restore(step, abstract_state(self.build_model, self.tx, self.shardings))
@@ -65,7 +71,7 @@ def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, n
     """Every record of `source` exactly once (padding masked out): the eval step's sums added up,
     and its per-record values concatenated in record order, padding rows dropped."""
     batch_size = parts.config.data.global_batch
-    eval_step = make_eval_step(parts.graphdef, parts.mesh)
+    eval_step = parts.eval_step
     rows = process_rows(parts.mesh, batch_size)
     totals: dict[str, np.ndarray] = {}
     records: dict[str, list[np.ndarray]] = {}
