@@ -65,3 +65,15 @@ def test_eval_batches_cover_every_record_once_and_mask_the_padding():
 def test_too_small_training_split_is_an_error():
     with pytest.raises(ValueError, match="fewer than data.global_batch=32"):
         steps_per_epoch(10, 32)
+
+
+def test_worker_processes_give_the_same_batches_as_threads():
+    from triskele.train.data.mars import SyntheticTerrain
+
+    source = SyntheticTerrain("train", 64, 16)
+    threads = list(train_batches(source, 8, 3, 2, 6, (0, 8)))
+    workers = list(train_batches(source, 8, 3, 2, 6, (0, 8), workers=2))
+    assert len(workers) == 4
+    for a, b in zip(threads, workers, strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])

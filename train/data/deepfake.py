@@ -10,7 +10,6 @@ motion; a fake keeps its blend across frames with slight flicker.
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image
+from triskele.train.data.pipeline import RecordCache
 
 FAMILIES = ("ColorShift", "Exposure", "Resample", "Sharpen")
 _SPLIT_OFFSET = {"train": 0, "val": 1, "test": 2}
@@ -171,7 +171,7 @@ class SyntheticFaces:
         self.num_records = self.num_videos * per_video
         self._per_video = per_video
         frame_bytes = 12 * image_size**2 * frames_per_video
-        self._video = functools.lru_cache(maxsize=max(cache_bytes // frame_bytes, 2))(self._render)
+        self._video = RecordCache(self._render, max(cache_bytes // frame_bytes, 2))
 
     def __len__(self) -> int:
         return self.num_records

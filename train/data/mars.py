@@ -8,11 +8,11 @@ intensity alone a poor cue.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image, read_mask, resize_mask
+from triskele.train.data.pipeline import RecordCache
 
 CLASS_NAMES = ("soil", "bedrock", "sand", "big_rock")
 IGNORE = 255
@@ -120,7 +120,7 @@ class SyntheticTerrain:
         if split not in _SPLIT_OFFSET:
             raise ValueError(f"mars split {split!r} is not one of {', '.join(_SPLIT_OFFSET)}")
         self.split, self.num_records, self.image_size, self.seed = split, num_records, image_size, seed
-        self._render = functools.lru_cache(maxsize=max(cache_bytes // (5 * image_size**2), 1))(self._render_index)
+        self._render = RecordCache(self._render_index, cache_bytes // (5 * image_size**2))
 
     def __len__(self) -> int:
         return self.num_records

@@ -9,11 +9,12 @@ threads (or worker processes) ahead of the step.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import grain
 import numpy as np
+from absl import flags
 
 
 class Source(Protocol):
@@ -22,6 +23,24 @@ class Source(Protocol):
     def __len__(self) -> int: ...
 
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]: ...
+
+
+class RecordCache:
+    """A bounded cache of rendered records that pickles empty, so Grain worker processes each
+    start their own instead of failing to pickle an lru_cache."""
+
+    def __init__(self, render: Callable[[int], Any], max_items: int):
+        self.render, self.max_items = render, max(int(max_items), 1)
+        self._cached = functools.lru_cache(maxsize=self.max_items)(render)
+
+    def __call__(self, key: int) -> Any:
+        return self._cached(key)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"render": self.render, "max_items": self.max_items}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["render"], state["max_items"])
 
 
 @functools.lru_cache(maxsize=4)
@@ -77,6 +96,10 @@ def train_batches(
     loader = TrainStepLoader(source, global_batch, seed, rows)
     dataset = grain.MapDataset.range(start_step, stop_step).map(loader)
     if workers > 0:
+        # Grain reads an Abseil flag in its workers; a program not started by absl.app has not
+        # parsed flags, which Grain <= 0.2.18 turns into UnparsedFlagAccessError (google/grain#1355).
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
         iterable = dataset.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     else:
         options = grain.ReadOptions(num_threads=max(threads, 1), prefetch_buffer_size=max(prefetch, 1))
