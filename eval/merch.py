@@ -180,11 +180,12 @@ def predict_folder(parts, params, input_dir: Path, output_dir: Path, workdir: Pa
             draw.rectangle([x0 + 1, y0 + 1, x0 + w - 2, y0 + h - 2], outline=(255, 0, 0), width=3)
         picture.save(output_dir / f"{shelf.stem}.png")
     if crops:
-        probs = predict_arrays(parts, params, np.stack([read_image(p, size, 3) for p in crops]))
+        pixels = np.stack([read_image(p, size, 3) for p in crops])
+        probs = predict_arrays(parts, params, pixels)
         names = class_names(parts.config)
         nearest = None
         if gallery is not None:
-            emb = predict_arrays(parts, params, np.stack([read_image(p, size, 3) for p in crops]), method="embed")
+            emb = predict_arrays(parts, params, pixels, method="embed")
             nearest = gallery[1][np.argmax(emb @ gallery[0].T, axis=1)]
         with (output_dir / "predictions.csv").open("w", newline="") as f:
             writer = csv.writer(f)

@@ -6,7 +6,6 @@ from triskele.mesh.logical import (
     constrain,
     logical_to_mesh,
     partitioned,
-    tree_logical_names,
     tree_shardings,
 )
 from triskele.mesh.spec import MESH_AXES, MeshSpec, make_mesh
@@ -22,6 +21,5 @@ __all__ = [
     "make_mesh",
     "partitioned",
     "process_rows",
-    "tree_logical_names",
     "tree_shardings",
 ]

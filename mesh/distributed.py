@@ -30,13 +30,6 @@ class DistributedOptions:
     """How long the others wait for a dead process before stopping with a non-zero exit."""
 
 
-CLUSTER_VARIABLES = {
-    "SLURM": ("SLURM_JOB_ID", "SLURM_NTASKS"),
-    "Open MPI": ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
-    "Kubernetes JobSet": ("JOBSET_NAME", "JOB_COMPLETION_INDEX"),
-}
-
-
 def detected_cluster() -> str | None:
     """The launcher whose environment describes a multi-process job, if any."""
     env = os.environ

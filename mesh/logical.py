@@ -51,7 +51,6 @@ LOGICAL_RULES: tuple[tuple[str, MeshAxes], ...] = (
     ("channels", None),
 )
 
-KNOWN_NAMES = frozenset(name for name, _ in LOGICAL_RULES)
 UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 """A dimension `constrain` leaves to the partitioner (keeps whatever sharding it has)."""
 
@@ -122,20 +121,11 @@ def _variable_names(variable: nnx.Variable) -> tuple[str | None, ...]:
     return tuple(names)
 
 
-def _map_variables(state: nnx.State, fn: Callable[[nnx.Variable], Any]) -> dict[str, Any]:
-    return nnx.to_pure_dict(nnx.from_flat_state([(path, fn(v)) for path, v in nnx.to_flat_state(state)]))
-
-
-def tree_logical_names(state: nnx.State) -> dict[str, Any]:
-    """Pure-dict tree of the logical names of every variable in an (abstract) NNX state."""
-    return _map_variables(state, _variable_names)
-
-
 def tree_shardings(state: nnx.State, mesh: Mesh) -> dict[str, Any]:
     """Pure-dict tree of NamedShardings for every variable of an (abstract) NNX state."""
-    return _map_variables(
-        state, lambda v: NamedSharding(mesh, logical_to_mesh(_variable_names(v), v.shape, mesh))
-    )
+    flat = [(path, NamedSharding(mesh, logical_to_mesh(_variable_names(v), v.shape, mesh)))
+            for path, v in nnx.to_flat_state(state)]
+    return nnx.to_pure_dict(nnx.from_flat_state(flat))
 
 
 def constrain(x: jax.Array, *names: str | None) -> jax.Array:

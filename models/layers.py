@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import jax
@@ -92,10 +91,6 @@ def patchify(images: jax.Array, patch: int) -> jax.Array:
     x = images.reshape(b, h // patch, patch, w // patch, patch, c)
     x = x.transpose(0, 1, 3, 2, 4, 5)
     return x.reshape(b, (h // patch) * (w // patch), patch * patch * c)
-
-
-def num_patches(image_size: int, patch: int) -> int:
-    return math.prod((image_size // patch, image_size // patch))
 
 
 class Conv(nnx.Module):
