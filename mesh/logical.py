@@ -14,8 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from triskele.mesh.cost import ParamBytes
 
 MeshAxes = str | tuple[str, ...] | None
 
@@ -134,3 +136,35 @@ def constrain(x: jax.Array, *names: str | None) -> jax.Array:
     if mesh.empty:
         return x
     return jax.lax.with_sharding_constraint(x, logical_to_mesh(names, x.shape, mesh))
+
+
+def bytes_per_device(
+    state: nnx.State,
+    mesh: Mesh | jax.sharding.AbstractMesh,
+    unsharded: Sequence[str] = (),
+    where: Callable[[tuple[str | None, ...]], bool] = lambda names: True,
+) -> float:
+    """Bytes of an (abstract) NNX state that one device holds under the rules on `mesh`, over the
+    variables whose logical names satisfy `where`; mesh axes in `unsharded` count as if they did
+    not shard (e.g. ('fsdp',): the share after an all-gather over fsdp)."""
+    total = 0.0
+    for _, variable in nnx.to_flat_state(state):
+        names = _variable_names(variable)
+        if not where(names):
+            continue
+        spec = logical_to_mesh(names, variable.shape, mesh)
+        shards = math.prod(mesh.shape[axis] for entry in spec for axis in _as_tuple(entry) if axis not in unsharded)
+        total += math.prod(variable.shape) * jnp.dtype(variable.dtype).itemsize / shards
+    return total
+
+
+def param_bytes(state: nnx.State, mesh: Mesh | jax.sharding.AbstractMesh) -> ParamBytes:
+    """A device's share of a model's parameters: the stacked blocks (named `layers`) and the rest."""
+    stacked = lambda names: "layers" in names
+    other = lambda names: "layers" not in names
+    return ParamBytes(
+        blocks=bytes_per_device(state, mesh, where=stacked),
+        other=bytes_per_device(state, mesh, where=other),
+        blocks_fsdp_gathered=bytes_per_device(state, mesh, ("fsdp",), where=stacked),
+        other_fsdp_gathered=bytes_per_device(state, mesh, ("fsdp",), where=other),
+    )

@@ -10,6 +10,11 @@ Iteration t: stage p works on microbatch (t - p) mod M in repeat (t - p) // M, w
 0 <= t - p < v*M; the other slots are the bubble, (P - 1) / (v*M + P - 1) of the work.
 The last stage's output of microbatch m loops back to stage 0 for the next repeat through a
 buffer of M slots, which needs M >= P.
+
+Communication is one collective-permute per iteration (the rotation, a `ppermute` over the
+`pipeline` axis) and one broadcast of the finished outputs at the end: the loop-back and output
+buffers have a slot per stage, so the values the rotation brings to stage 0 are stored where
+they arrived instead of being broadcast to every stage each iteration.
 """
 
 from __future__ import annotations
@@ -19,11 +24,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+from triskele.mesh.cost import bubble_fraction  # noqa: F401 (part of this module's API)
 from triskele.mesh.logical import UNCONSTRAINED, constrain
-
-
-def bubble_fraction(stages: int, repeats: int, microbatches: int) -> float:
-    return (stages - 1) / (repeats * microbatches + stages - 1)
 
 
 def check_schedule(layers: int, stages: int, repeats: int, microbatches: int, batch: int | None = None) -> None:
@@ -39,6 +42,19 @@ def check_schedule(layers: int, stages: int, repeats: int, microbatches: int, ba
         )
     if batch is not None and batch % microbatches:
         raise ValueError(f"batch {batch} is not divisible by pipeline.microbatches={microbatches}")
+
+
+def rotate_stages(x: jax.Array) -> jax.Array:
+    """Moves stage p's slot (axis 0) to stage p + 1, the last to stage 0: one collective-permute
+    over `pipeline` when axis 0 is sharded over it (under the context mesh), else a roll."""
+    stages = x.shape[0]
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get("pipeline", 1) != stages:
+        return jnp.roll(x, 1, axis=0)
+    spec = PartitionSpec("pipeline")
+    permutation = [(p, (p + 1) % stages) for p in range(stages)]
+    shift = lambda a: jax.lax.ppermute(a, "pipeline", permutation)
+    return jax.shard_map(shift, in_specs=spec, out_specs=spec, axis_names={"pipeline"})(x)
 
 
 def circular_pipeline(
@@ -65,33 +81,40 @@ def circular_pipeline(
     trailing = [None] * len(rest)
     # Microbatch j takes rows j, j+M, ...: every device's rows spread over the microbatches.
     inputs = x.reshape(x.shape[0] // microbatches, microbatches, *rest).swapaxes(0, 1)
-    inputs = constrain(inputs, "microbatch", "batch", *trailing)
     if remat:
         stage_fn = jax.checkpoint(stage_fn)
     # spmd_axis_name: sharding constraints inside a stage keep the stage axis on `pipeline`.
     run_stages = jax.vmap(stage_fn, in_axes=(0, 0), spmd_axis_name="pipeline")
     stage_ids = jnp.arange(stages)
+    first_stage = (stage_ids == 0).reshape(stages, 1, *([1] * len(rest)))
+    per_stage_buffer = lambda a: constrain(a, "stage", "microbatch", "batch", *trailing)
+    # A copy of the inputs per stage: selecting stage 0's input each iteration is then local, and
+    # the backward sums the stages' input gradients once, after the loop.
+    inputs = per_stage_buffer(jnp.broadcast_to(inputs, (stages, *inputs.shape)))
 
     def iteration(carry, t):
         state, loop, outputs = carry
-        first = jnp.where(t < microbatches, inputs[t % microbatches], loop[t % microbatches])
-        state = constrain(state.at[0].set(first), "stage", "batch", *trailing)
-        repeat = jnp.clip((t - stage_ids) // microbatches, 0, repeats - 1)
-        stage_weights = jax.vmap(lambda w, r: jax.tree.map(lambda a: a[r], w), in_axes=(1, 0),
-                                 spmd_axis_name="pipeline")(weights, repeat)
+        slot = t % microbatches
+        fresh = jnp.where(t < microbatches, inputs[:, slot], loop[:, slot])
+        state = constrain(jnp.where(first_stage, fresh, state), "stage", "batch", *trailing)
+        if repeats == 1:  # no per-iteration gather: weight gradients accumulate locally
+            stage_weights = jax.tree.map(lambda a: a[0], weights)
+        else:
+            repeat = jnp.clip((t - stage_ids) // microbatches, 0, repeats - 1)
+            stage_weights = jax.vmap(lambda w, r: jax.tree.map(lambda a: a[r], w), in_axes=(1, 0),
+                                     spmd_axis_name="pipeline")(weights, repeat)
         out = constrain(run_stages(stage_weights, state), "stage", "batch", *trailing)
+        state = rotate_stages(out)  # stage p's output feeds stage p + 1; the last stage's reaches stage 0
         k = t - (stages - 1)
         m, r = k % microbatches, k // microbatches
-        done = out[stages - 1]
         valid = (k >= 0) & (k < repeats * microbatches)
-        loop = jnp.where(valid & (r < repeats - 1), loop.at[m].set(done), loop)
-        outputs = jnp.where(valid & (r == repeats - 1), outputs.at[m].set(done), outputs)
-        state = jnp.roll(out, 1, axis=0)  # stage p's output feeds stage p + 1: a collective-permute
+        loop = per_stage_buffer(jnp.where(valid & (r < repeats - 1), loop.at[:, m].set(state), loop))
+        outputs = per_stage_buffer(jnp.where(valid & (r == repeats - 1), outputs.at[:, m].set(state), outputs))
         return (state, loop, outputs), None
 
-    mb_shape = (inputs.shape[1], *rest)
+    mb_shape = (x.shape[0] // microbatches, *rest)
     state = constrain(jnp.zeros((stages, *mb_shape), x.dtype), "stage", "batch", *trailing)
-    buffers = jnp.zeros((microbatches, *mb_shape), x.dtype)
+    buffers = per_stage_buffer(jnp.zeros((stages, microbatches, *mb_shape), x.dtype))
     total = repeats * microbatches + stages - 1
     (_, _, outputs), _ = jax.lax.scan(iteration, (state, buffers, buffers), jnp.arange(total))
-    return outputs.swapaxes(0, 1).reshape(x.shape)
+    return outputs[0].swapaxes(0, 1).reshape(x.shape)  # stage 0's buffer holds the finished microbatches

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from triskele.mesh import constrain
+from triskele.mesh.cost import ModelShape
 from triskele.models.layers import Dense, LayerNorm, normal_param
 from triskele.models.vit import ViT, ViTConfig
 
@@ -66,6 +67,10 @@ class FrameDetector(_BinaryDetector):
         self.blend_head = Dense((cfg.width,), (1,), ("embed",), (None,), dtype=dt, rngs=rngs)
         self.patch = cfg.patch
 
+    def cost_shape(self) -> ModelShape:
+        cfg = self.backbone.cfg
+        return cfg.cost_shape(head_flops=2.0 * cfg.width * (1 + cfg.grid**2))
+
     def logits(self, images: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(image logits (B,), per-patch blend logits (B, patches))."""
         tokens = self.backbone(_normalize(images))
@@ -94,6 +99,11 @@ class VideoDetector(_BinaryDetector):
         self.blend_head = Dense((cfg.width,), (1,), ("embed",), (None,), dtype=dt, rngs=rngs)
         self.frames = frames
         self.patch = cfg.patch
+
+    def cost_shape(self) -> ModelShape:
+        cfg, t, d = self.backbone.cfg, self.frames, self.backbone.cfg.width
+        pooling = 2.0 * t * d * d + 4.0 * t * d  # keys, scores, weighted sum
+        return cfg.cost_shape(images_per_record=t, head_flops=pooling + 2.0 * d + 2.0 * t * cfg.grid**2 * d)
 
     def logits(self, clips: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(clip logits (B,), per-frame per-patch blend logits (B, T, patches))."""

@@ -51,13 +51,24 @@ class Dense(nnx.Module):
         self.dtype = dtype
         self.bias_gradient = bias_gradient
 
+    def kernel_value(self) -> jax.Array:
+        """The kernel in the compute dtype."""
+        return self.kernel[...].astype(self.dtype)
+
+    def bias_value(self) -> jax.Array | None:
+        if self.bias is None:
+            return None
+        bias = self.bias[...] if self.bias_gradient else jax.lax.stop_gradient(self.bias[...])
+        return bias.astype(self.dtype)
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.kernel[...].astype(self.dtype)
-        y = jnp.tensordot(x.astype(self.dtype), kernel, axes=self.num_in)
-        if self.bias is not None:
-            bias = self.bias[...] if self.bias_gradient else jax.lax.stop_gradient(self.bias[...])
-            y = y + bias.astype(self.dtype)
-        return y
+        return project(x, self.kernel_value(), self.bias_value(), self.num_in, self.dtype)
+
+
+def project(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, num_in: int, dtype: jnp.dtype) -> jax.Array:
+    """x contracted over its last `num_in` axes with the kernel's first `num_in`, plus the bias."""
+    y = jnp.tensordot(x.astype(dtype), kernel, axes=num_in)
+    return y if bias is None else y + bias
 
 
 class LayerNorm(nnx.Module):

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from triskele.mesh import constrain
+from triskele.mesh.cost import ModelShape
 from triskele.models.layers import Conv, Dense
 from triskele.models.vit import ViT, ViTConfig
 
@@ -62,6 +63,17 @@ class TerrainSegmenter(nnx.Module):
         texture = jax.nn.gelu(self.texture2(texture), approximate=False)
         x = jnp.concatenate([jax.nn.gelu(feats, approximate=False), texture.astype(feats.dtype)], axis=-1)
         return self.classify(x).astype(jnp.float32)
+
+    def cost_shape(self) -> ModelShape:
+        cfg, c = self.cfg, self.decoder_channels
+        pixels = cfg.image_size**2
+        unpatch = 2.0 * cfg.grid**2 * cfg.width * cfg.patch**2 * c
+        texture1 = 2.0 * pixels * 9 * cfg.channels * c  # on raw pixels: no input gradient
+        texture2 = 2.0 * pixels * 9 * c * c
+        classify = 2.0 * pixels * 9 * 2 * c * NUM_CLASSES
+        return cfg.cost_shape(head_split_flops=unpatch, head_flops=texture1 + texture2 + classify,
+                              head_flops_without_input_grad=texture1, head_split_inputs=cfg.grid**2 * cfg.width,
+                              head_split_outputs=pixels * c)
 
     def loss_terms(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """(class-weighted sum of per-pixel cross-entropy, sum of weights); 255 and padded rows weigh 0."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from triskele.mesh.cost import ModelShape
 from triskele.models.layers import Dense, normal_param
 from triskele.models.vit import ViT, ViTConfig
 
@@ -34,6 +35,13 @@ class SkuRecognizer(nnx.Module):
         self.embedding = Dense((cfg.width,), (embed_dim,), ("embed",), ("embedding",), dtype=dt, rngs=rngs)
         self.centers = normal_param(rngs, (embed_dim, num_classes), ("embedding", "classes"), 1.0)
         self.margin, self.scale = margin, scale
+
+    def cost_shape(self) -> ModelShape:
+        cfg = self.backbone.cfg
+        embed_dim, classes = self.centers.shape
+        by_class = 2.0 * cfg.width * classes + 2.0 * embed_dim * classes  # classifier, CosFace cosines
+        return cfg.cost_shape(head_split_flops=by_class, head_flops=2.0 * cfg.width * embed_dim,
+                              head_split_inputs=cfg.width + embed_dim, head_split_outputs=2 * classes)
 
     def features(self, images: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(class logits, unit embeddings), both float32."""

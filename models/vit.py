@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from triskele.mesh import constrain
+from triskele.mesh.cost import ModelShape
 from triskele.mesh.pipeline import circular_pipeline
-from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, zeros_param
+from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, project, zeros_param
 
 # (width, depth, mlp width, heads): ViT (Dosovitskiy et al.), ViT-g from Zhai et al. "Scaling ViTs".
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -78,6 +79,13 @@ class ViTConfig:
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 
+    def cost_shape(self, **head) -> ModelShape:
+        """The backbone's sizes for the cost formulas, with the domain head's terms (see `ModelShape`)."""
+        return ModelShape(
+            width=self.width, depth=self.depth, mlp_dim=self.mlp_dim, heads=self.heads, patches=self.grid**2,
+            patch_dim=self.patch * self.patch * self.channels, class_token=self.pool == "cls", **head,
+        )
+
 
 def attention_implementation(cfg: ViTConfig) -> str | None:
     """`auto` takes the fused cuDNN kernel on GPUs in 16-bit, XLA otherwise."""
@@ -102,8 +110,14 @@ class Attention(nnx.Module):
         self.implementation = attention_implementation(cfg)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        # Query, key and value run as one matmul on stacked kernels: its backward sums the three
+        # input gradients before the tensor-parallel all-reduce (one all-reduce instead of three).
+        projections = (self.query, self.key, self.value)
+        kernel = jnp.stack([p.kernel_value() for p in projections], axis=1)
+        bias = jnp.stack([p.bias_value() for p in projections], axis=0)
+        qkv = project(x, kernel, bias, 1, self.query.dtype)
         names = ("batch", "length", "act_heads", "act_kv")
-        q, k, v = (constrain(proj(x), *names) for proj in (self.query, self.key, self.value))
+        q, k, v = (constrain(qkv[:, :, i], *names) for i in range(3))
         y = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
         return self.out(constrain(y, *names))
 
@@ -224,3 +238,9 @@ class ViTClassifier(nnx.Module):
     def __call__(self, images: jax.Array) -> jax.Array:
         logits = self.head(self.backbone.pool(self.backbone(images)))
         return logits.astype(jnp.float32)
+
+    def cost_shape(self) -> ModelShape:
+        cfg = self.backbone.cfg
+        classes = self.head.kernel.shape[-1]
+        return cfg.cost_shape(head_split_flops=2.0 * cfg.width * classes, head_split_inputs=cfg.width,
+                              head_split_outputs=classes)

@@ -1,0 +1,266 @@
+"""Analytic costs of one training step of a ViT-based model on a mesh: FLOPs, collective bytes, memory.
+
+Sizes in, numbers out. The same formulas feed the mesh planner and the log's MFU, and the benches
+and tests hold them against what XLA compiled (`triskele.mesh.hlo`, `memory_analysis()`).
+Conventions: a multiply-add is 2 FLOPs; training costs the forward once and the backward twice,
+except where no input gradient is needed (the patch embedding, convolutions on raw pixels).
+Bytes are per device and per step; collectives move bytes by the ring algorithm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """What the cost of a ViT-based model depends on."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    heads: int
+    patches: int
+    """Patch tokens per image."""
+    patch_dim: int
+    """Pixels x channels per patch."""
+    class_token: bool = True
+    images_per_record: int = 1
+    """Frames per record (video models run the backbone on each)."""
+    head_flops: float = 0.0
+    """Forward FLOPs per record of the domain head's layers that every tensor device runs whole."""
+    head_split_flops: float = 0.0
+    """Forward FLOPs per record of the domain head's layers split over `tensor` (e.g. by `mlp`)."""
+    head_flops_without_input_grad: float = 0.0
+    """The part of `head_flops` whose input needs no gradient (layers on raw pixels)."""
+    head_split_inputs: int = 0
+    """Elements per record entering the head's tensor-split layers (their gradient is all-reduced)."""
+    head_split_outputs: int = 0
+    """Elements per record leaving them (all-gathered for the layers that run whole)."""
+
+    @property
+    def tokens(self) -> int:
+        return self.patches + int(self.class_token)
+
+
+def bubble_fraction(stages: int, repeats: int, microbatches: int) -> float:
+    """Idle share of the circular pipeline schedule: (P - 1) / (v * M + P - 1)."""
+    return (stages - 1) / (repeats * microbatches + stages - 1)
+
+
+def block_forward_flops(shape: ModelShape) -> float:
+    """One transformer block on one image: QKV, scores, weighted values, out projection, MLP."""
+    t, d, m = shape.tokens, shape.width, shape.mlp_dim
+    return 2.0 * t * (4 * d * d + 2 * d * m) + 4.0 * t * t * d
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+    pipeline: int = 1
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    @classmethod
+    def of(cls, sizes: dict[str, int]) -> MeshShape:
+        return cls(**{k: int(v) for k, v in sizes.items() if k in ("pipeline", "data", "fsdp", "tensor")})
+
+    @property
+    def devices(self) -> int:
+        return self.pipeline * self.data * self.fsdp * self.tensor
+
+    @property
+    def batch_shards(self) -> int:
+        return self.data * self.fsdp
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in dataclasses.asdict(self).items() if v > 1) or "data=1"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of a step, split by how a mesh divides them."""
+
+    blocks: float
+    """The transformer blocks: split over every mesh axis (batch shards, tensor, pipeline)."""
+    split: float
+    """Head layers sharded over `tensor`: split over the batch shards and tensor."""
+    replicated: float
+    """Patch embedding and the rest of the head: split over the batch shards only."""
+
+    @property
+    def total(self) -> float:
+        return self.blocks + self.split + self.replicated
+
+    def per_device(self, mesh: MeshShape) -> float:
+        """Model FLOPs per device (what MFU counts)."""
+        return (self.blocks / mesh.devices + self.split / (mesh.batch_shards * mesh.tensor)
+                + self.replicated / mesh.batch_shards)
+
+    def executed_per_device(self, mesh: MeshShape, microbatches: int = 1, repeats: int = 1) -> float:
+        """FLOPs a device executes: the pipeline runs every stage in every iteration, the bubble too."""
+        if mesh.pipeline == 1:
+            return self.per_device(mesh)
+        idle = (repeats * microbatches + mesh.pipeline - 1) / (repeats * microbatches)
+        return self.per_device(mesh) + self.blocks / mesh.devices * (idle - 1)
+
+
+def forward_flops(shape: ModelShape, records: int) -> StepFlops:
+    images = records * shape.images_per_record
+    embed = 2.0 * shape.patches * shape.patch_dim * shape.width
+    return StepFlops(blocks=images * shape.depth * block_forward_flops(shape),
+                     split=records * shape.head_split_flops,
+                     replicated=images * embed + records * shape.head_flops)
+
+
+def train_flops(shape: ModelShape, records: int) -> StepFlops:
+    """Forward + backward of `records` records (model FLOPs: no rematerialisation counted)."""
+    forward = forward_flops(shape, records)
+    images = records * shape.images_per_record
+    no_input_grad = images * 2.0 * shape.patches * shape.patch_dim * shape.width
+    no_input_grad += records * shape.head_flops_without_input_grad
+    return StepFlops(blocks=3.0 * forward.blocks, split=3.0 * forward.split,
+                     replicated=3.0 * forward.replicated - no_input_grad)
+
+
+def ring_all_reduce(devices: int, nbytes: float) -> float:
+    return 2.0 * (devices - 1) / devices * nbytes if devices > 1 else 0.0
+
+
+def all_gather(devices: int, gathered_bytes: float) -> float:
+    """Bytes one device sends to gather an array of `gathered_bytes` from `devices` shards."""
+    return (devices - 1) / devices * gathered_bytes if devices > 1 else 0.0
+
+
+reduce_scatter = all_gather
+"""Bytes one device sends to reduce-scatter an array of that many bytes (the same as gathering it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamBytes:
+    """A device's share of the parameters in bytes, as sharded and with the fsdp sharding undone
+    (what an all-gather over fsdp produces), for the stacked blocks and for the rest."""
+
+    blocks: float
+    other: float
+    blocks_fsdp_gathered: float
+    other_fsdp_gathered: float
+
+    @property
+    def local(self) -> float:
+        return self.blocks + self.other
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCollectives:
+    """Minimum bytes one device sends per training step, by what they are for."""
+
+    data_all_reduce: float
+    """Gradients summed over `data` (and over `pipeline` for what every stage holds whole)."""
+    fsdp_all_gather: float
+    """Weights gathered over `fsdp` once for the forward and backward."""
+    fsdp_reduce_scatter: float
+    """Gradients reduce-scattered over `fsdp`."""
+    tensor_all_reduce: float
+    """Megatron: two activation all-reduces per block forward, two backward; the gradient entering
+    the head's tensor-split layers."""
+    tensor_all_gather: float
+    """The outputs of the head's tensor-split layers, gathered for the layers that follow."""
+    pipeline_permute: float
+    """Microbatch activations passed to the next stage, forward and backward, every iteration."""
+    pipeline_broadcast: float
+    """The finished outputs sent from stage 0 to every stage, and the input gradients summed back."""
+
+    @property
+    def total(self) -> float:
+        return sum(dataclasses.asdict(self).values())
+
+    def by_kind(self) -> dict[str, float]:
+        return {"all-reduce": self.data_all_reduce + self.tensor_all_reduce + self.pipeline_broadcast,
+                "all-gather": self.fsdp_all_gather + self.tensor_all_gather,
+                "reduce-scatter": self.fsdp_reduce_scatter, "collective-permute": self.pipeline_permute}
+
+
+def step_collectives(
+    shape: ModelShape,
+    mesh: MeshShape,
+    global_batch: int,
+    params: ParamBytes,
+    activation_bytes: int,
+    microbatches: int = 1,
+    repeats: int = 1,
+) -> StepCollectives:
+    records_local = global_batch // mesh.batch_shards
+    activation = records_local * shape.images_per_record * shape.tokens * shape.width * activation_bytes
+    tensor = 4 * shape.depth / mesh.pipeline * ring_all_reduce(mesh.tensor, activation)
+    head_in = ring_all_reduce(mesh.tensor, records_local * shape.head_split_inputs * activation_bytes)
+    head_out = all_gather(mesh.tensor, records_local * shape.head_split_outputs * activation_bytes)
+    permute = broadcast = 0.0
+    if mesh.pipeline > 1:
+        iterations = repeats * microbatches + mesh.pipeline - 1
+        permute = 2.0 * iterations * activation / microbatches
+        broadcast = 2.0 * ring_all_reduce(mesh.pipeline, activation)
+    gathered = params.blocks_fsdp_gathered + params.other_fsdp_gathered
+    return StepCollectives(
+        data_all_reduce=ring_all_reduce(mesh.data, params.blocks)
+        + ring_all_reduce(mesh.data * mesh.pipeline, params.other),
+        fsdp_all_gather=all_gather(mesh.fsdp, gathered),
+        fsdp_reduce_scatter=reduce_scatter(mesh.fsdp, gathered),
+        tensor_all_reduce=tensor + head_in,
+        tensor_all_gather=head_out,
+        pipeline_permute=permute,
+        pipeline_broadcast=broadcast,
+    )
+
+
+def block_activation_elements(shape: ModelShape, images: int, tensor: int = 1) -> float:
+    """Elements one block keeps for its backward, per device: the norm inputs and outputs (whole),
+    Q, K, V and the attention output (split over heads), the score and probability matrices and
+    the MLP's hidden activations before and after GELU (split over tensor)."""
+    t, d, m, a = shape.tokens, shape.width, shape.mlp_dim, shape.heads
+    whole = 4 * t * d
+    split = 4 * t * d + 2 * t * m + 2 * a * t * t
+    return images * (whole + split / tensor)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """Bytes per device."""
+
+    params: float
+    gradients: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.gradients + self.optimizer + self.activations
+
+
+def step_memory(
+    shape: ModelShape,
+    mesh: MeshShape,
+    global_batch: int,
+    params: ParamBytes,
+    activation_bytes: int,
+    remat: bool,
+    optimizer_moments: int = 2,
+) -> StepMemory:
+    """Parameters, gradients and Adam's moments in float32 as sharded; activations saved for the
+    backward of the device's layers (with `remat`, only each block's input, plus one block's worth
+    recomputed at a time)."""
+    images = global_batch // mesh.batch_shards * shape.images_per_record
+    layers = shape.depth / mesh.pipeline
+    block = block_activation_elements(shape, images, mesh.tensor) * activation_bytes
+    block_input = images * shape.tokens * shape.width * activation_bytes
+    activations = layers * block_input + block if remat else layers * block
+    return StepMemory(
+        params=params.local,
+        gradients=params.local,
+        optimizer=optimizer_moments * params.local,
+        activations=activations,
+    )
+
+
+def pipeline_bubble(mesh: MeshShape, microbatches: int, repeats: int) -> float:
+    return bubble_fraction(mesh.pipeline, repeats, microbatches) if mesh.pipeline > 1 else 0.0
