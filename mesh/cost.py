@@ -223,6 +223,14 @@ def block_activation_elements(shape: ModelShape, images: int, tensor: int = 1) -
     return images * (whole + split / tensor)
 
 
+def dots_kept_bytes(shape: ModelShape, images: int, tensor: int, activation_bytes: int) -> float:
+    """What a block keeps under the `dots` remat policy: the outputs of its matmuls (QKV, scores,
+    attention-weighted values, MLP up: split over tensor; out projection, MLP down and the block
+    input: whole)."""
+    t, d, m, a = shape.tokens, shape.width, shape.mlp_dim, shape.heads
+    return images * (3 * t * d + (4 * t * d + a * t * t + t * m) / tensor) * activation_bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class StepMemory:
     """Bytes per device."""
@@ -243,17 +251,19 @@ def step_memory(
     global_batch: int,
     params: ParamBytes,
     activation_bytes: int,
-    remat: bool,
+    remat: str,
     optimizer_moments: int = 2,
 ) -> StepMemory:
     """Parameters, gradients and Adam's moments in float32 as sharded; activations saved for the
     backward of the device's layers (with `remat`, only each block's input, plus one block's worth
-    recomputed at a time)."""
+    recomputed at a time; `dots` keeps the matmul outputs only)."""
     images = global_batch // mesh.batch_shards * shape.images_per_record
     layers = shape.depth / mesh.pipeline
     block = block_activation_elements(shape, images, mesh.tensor) * activation_bytes
     block_input = images * shape.tokens * shape.width * activation_bytes
-    activations = layers * block_input + block if remat else layers * block
+    kept = {"none": block, "dots": dots_kept_bytes(shape, images, mesh.tensor, activation_bytes),
+            "full": block_input}[remat]
+    activations = layers * kept + (block if remat != "none" else 0.0)
     return StepMemory(
         params=params.local,
         gradients=params.local,

@@ -63,7 +63,6 @@ def circular_pipeline(
     x: jax.Array,
     stages: int,
     microbatches: int,
-    remat: bool = False,
 ) -> jax.Array:
     """Applies all layers to x (batch first) through the circular schedule.
 
@@ -81,8 +80,6 @@ def circular_pipeline(
     trailing = [None] * len(rest)
     # Microbatch j takes rows j, j+M, ...: every device's rows spread over the microbatches.
     inputs = x.reshape(x.shape[0] // microbatches, microbatches, *rest).swapaxes(0, 1)
-    if remat:
-        stage_fn = jax.checkpoint(stage_fn)
     # spmd_axis_name: sharding constraints inside a stage keep the stage axis on `pipeline`.
     run_stages = jax.vmap(stage_fn, in_axes=(0, 0), spmd_axis_name="pipeline")
     stage_ids = jnp.arange(stages)

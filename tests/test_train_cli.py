@@ -38,8 +38,11 @@ def test_cli_trains_and_writes_config_metrics_checkpoints_tensorboard(tmp_path, 
 def test_config_file_and_overrides(tmp_path):
     path = tmp_path / "over.yaml"
     path.write_text("optim:\n  lr: 0.002\ndata.global_batch: 64\n")
-    config = make_config("mars-tiny", ["optim.lr=3e-4", "model.remat=true"], files=[path])
-    assert (config.optim.lr, config.data.global_batch, config.model.remat) == (3e-4, 64, True)
+    config = make_config("mars-tiny", ["optim.lr=3e-4", "model.remat=full"], files=[path])
+    assert (config.optim.lr, config.data.global_batch, config.model.remat) == (3e-4, 64, "full")
+    # Configs written before model.remat named a policy spelled it as a bool.
+    assert make_config("mars-tiny", ["model.remat=true"]).model.remat == "full"
+    assert make_config("mars-tiny", ["model.remat=false"]).model.remat == "none"
     for key in ("data.global_batch", "optim.lr", "optim.warmup_steps", "optim.grad_accum", "checkpoint.every",
                 "checkpoint.keep", "precision", "pipeline.microbatches", "pipeline.repeats"):
         make_config("mars-tiny", [f"{key}={'float32' if key == 'precision' else 2}"])
@@ -50,7 +53,7 @@ def test_config_file_and_overrides(tmp_path):
     [
         (["--set", "optim.learning_rate=1"], "unknown config key 'optim.learning_rate'"),
         (["--set", "optim.lr=fast"], "config key 'optim.lr' must be float"),
-        (["--set", "model.remat=3"], "config key 'model.remat' must be bool"),
+        (["--set", "model.remat=3"], "config key 'model.remat' is '3'; choose one of none, dots, full"),
         (["--mesh", "data=16"], "mesh spec 'data=16' uses 16 devices but 8 are available"),
         (["--mesh", "data=8", "--set", "data.global_batch=12"],
          "data.global_batch=12 is not divisible by data x fsdp = 8"),

@@ -1,0 +1,104 @@
+"""A run's step, predicted and compiled: the analytic formulas of `triskele.mesh.cost` applied to
+the run's model and mesh, and what XLA compiled for the same step (HLO FLOPs, collective bytes,
+memory), side by side. The log's MFU, the benches and the planner's tests all come through here."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from triskele.mesh.cost import MeshShape, ModelShape, ParamBytes, step_collectives, step_memory, train_flops
+from triskele.mesh.hlo import ProgramCost, program_cost
+from triskele.mesh.logical import param_bytes
+from triskele.train.run import RunParts
+from triskele.train.step import batch_shardings_of, make_train_step
+from triskele.train.tasks import compute_dtype
+
+
+def model_shape(parts: RunParts) -> ModelShape:
+    return nnx.eval_shape(parts.build_model).cost_shape()
+
+
+def abstract_params(parts: RunParts) -> nnx.State:
+    return nnx.state(nnx.eval_shape(parts.build_model), nnx.Param)
+
+
+def activation_bytes(config) -> int:
+    return np.dtype(compute_dtype(config.precision).replace("fp8", "bfloat16")).itemsize
+
+
+@dataclasses.dataclass
+class Prediction:
+    model_flops_per_device: float
+    """Model FLOPs per device per step (what MFU counts)."""
+    executed_flops_per_device: float
+    """FLOPs a device runs: with a pipeline, its bubble iterations too (no remat counted)."""
+    collectives: dict[str, float]
+    """Bytes sent per device per step by collective kind."""
+    params: ParamBytes
+    memory: dict[str, float]
+
+
+def predict(parts: RunParts, mesh: Mesh | jax.sharding.AbstractMesh | None = None) -> Prediction:
+    """The formulas for the run's model and mesh (default the run's own)."""
+    mesh = parts.mesh if mesh is None else mesh
+    config = parts.config
+    shape, sizes = model_shape(parts), MeshShape.of(dict(mesh.shape))
+    flops = train_flops(shape, config.data.global_batch)
+    pipeline = config.pipeline
+    params = param_bytes(abstract_params(parts), mesh)
+    act = activation_bytes(config)
+    collectives = step_collectives(shape, sizes, config.data.global_batch, params, act,
+                                   pipeline.microbatches, pipeline.repeats)
+    memory = step_memory(shape, sizes, config.data.global_batch, params, act, config.model.remat)
+    return Prediction(
+        model_flops_per_device=flops.per_device(sizes),
+        executed_flops_per_device=flops.executed_per_device(sizes, pipeline.microbatches, pipeline.repeats),
+        collectives=collectives.by_kind(),
+        params=params,
+        memory={**dataclasses.asdict(memory), "total": memory.total},
+    )
+
+
+def example_batch(parts: RunParts) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and shardings of one global training batch (read off the first training record)."""
+    record = parts.task.open_split(parts.config, "train").load(0)
+    batch = {key: np.asarray(value) for key, value in record.items()} | {"valid": np.ones((), np.float32)}
+    size = parts.config.data.global_batch
+    shardings = batch_shardings_of({k: v[None] for k, v in batch.items()}, parts.mesh, size)
+    return {k: jax.ShapeDtypeStruct((size, *v.shape), v.dtype, sharding=shardings[k]) for k, v in batch.items()}
+
+
+def compile_train_step(parts: RunParts, batch: dict[str, Any] | None = None):
+    """(the engine's train step compiled for the run's state and a batch like `batch` (arrays or
+    ShapeDtypeStructs with shardings; default `example_batch`), seconds)."""
+    from triskele.train.state import abstract_state
+
+    batch = example_batch(parts) if batch is None else batch
+    state = abstract_state(parts.build_model, parts.tx, parts.shardings)
+    shardings = {key: value.sharding for key, value in batch.items()}
+    step = make_train_step(parts.graphdef, parts.tx, parts.schedule, parts.config.optim.grad_accum, parts.shardings,
+                           shardings, parts.mesh)
+    began = time.perf_counter()
+    with jax.set_mesh(parts.mesh):
+        compiled = step.lower(state, batch).compile()
+    return compiled, time.perf_counter() - began
+
+
+@dataclasses.dataclass
+class Measurement:
+    program: ProgramCost
+    memory: dict[str, float]
+    """From `compiled.memory_analysis()`: argument, output, temporary and aliased bytes per device."""
+
+
+def measure(compiled, mesh: Mesh) -> Measurement:
+    analysis = compiled.memory_analysis()
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes")
+    memory = {name.removesuffix("_size_in_bytes"): float(getattr(analysis, name, 0) or 0) for name in fields}
+    return Measurement(program_cost(compiled.as_text(), mesh.size), memory)
