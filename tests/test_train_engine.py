@@ -1,4 +1,3 @@
-import re
 
 import jax
 import numpy as np
@@ -95,12 +94,51 @@ def test_restore_on_another_mesh_reshards(tmp_path, devices):
         assert relative_error(records[step]["loss"], reference[step]["loss"]) < 1e-5
 
 
-def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, devices):
-    with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step (\d+)") as info:
-        run(tmp_path, "data=8", **{"run.steps": 30, "optim.lr": 1e12, "checkpoint.every": 1})
-    bad_step = int(re.search(r"at step (\d+)", str(info.value)).group(1))
-    assert f"last good checkpoint is step {bad_step - 1}" in str(info.value)
-    records = step_records(tmp_path)
-    assert all(np.isfinite(records[s]["loss"]) for s in range(1, bad_step))
+def poison_step(monkeypatch, bad_step: int) -> None:
+    """Makes the batch of global step `bad_step` (1-based) all NaN pixels."""
+    load = TrainStepLoader.__call__
+
+    def poisoned(self, step):
+        batch = load(self, step)
+        if int(step) + 1 == bad_step:
+            batch["image"] = np.full_like(batch["image"], np.nan)
+        return batch
+
+    monkeypatch.setattr(TrainStepLoader, "__call__", poisoned)
+
+
+@pytest.mark.parametrize("log_every, checkpoint_every", [(1, 1), (10, 3)])
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(log_every, checkpoint_every, tmp_path,
+                                                                              monkeypatch, devices):
+    bad_step = 8
+    poison_step(monkeypatch, bad_step)
+    options = {"run.steps": 30, "checkpoint.every": checkpoint_every, "run.log_every": log_every}
+    with pytest.raises(FloatingPointError, match=rf"non-finite loss .* at step {bad_step};") as info:
+        run(tmp_path, "data=8", **options)
+    last_good = (bad_step - 1) // checkpoint_every * checkpoint_every
+    assert f"last good checkpoint is step {last_good}" in str(info.value)
+    saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert max(saved) == last_good, "a state whose loss was not seen finite was saved"
     params, step = final_params(tmp_path)
-    assert step == bad_step - 1
+    assert step == last_good and all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+    if log_every < bad_step:
+        assert sorted(step_records(tmp_path)) == list(range(1, bad_step)), "the bad step is not logged"
+
+
+def test_a_diverging_run_stops_naming_the_step(tmp_path, devices):
+    with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step \d+; stopped"):
+        run(tmp_path, "data=8", **{"run.steps": 30, "optim.lr": 1e12, "run.log_every": 5})
+
+
+def test_metrics_fetched_at_log_steps_equal_those_fetched_every_step(tmp_path, devices):
+    """The loop fetches step metrics only at log steps; the logged values are the same numbers."""
+    run(tmp_path / "every", "data=8", **{"run.steps": 6, "run.log_every": 1})
+    run(tmp_path / "third", "data=8", **{"run.steps": 6, "run.log_every": 3})
+    every, third = step_records(tmp_path / "every"), step_records(tmp_path / "third")
+    assert sorted(third) == [3, 6]
+    for step in third:
+        for key in ("loss", "grad_norm", "lr"):
+            assert third[step][key] == every[step][key], (step, key)
+        window = [every[s]["loss"] for s in range(step - 2, step + 1)]
+        assert third[step]["loss_mean"] == pytest.approx(np.mean(window), rel=1e-6)
+        assert third[step]["tflops_per_device"] > 0 and "mfu" not in third[step]  # CPU: no known peak

@@ -13,6 +13,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 from triskele.mesh.cost import MeshShape, ModelShape, ParamBytes, step_collectives, step_memory, train_flops
+from triskele.mesh.hardware import peak_flops
 from triskele.mesh.hlo import ProgramCost, program_cost
 from triskele.mesh.logical import param_bytes
 from triskele.train.run import RunParts
@@ -102,3 +103,35 @@ def measure(compiled, mesh: Mesh) -> Measurement:
     fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes")
     memory = {name.removesuffix("_size_in_bytes"): float(getattr(analysis, name, 0) or 0) for name in fields}
     return Measurement(program_cost(compiled.as_text(), mesh.size), memory)
+
+
+class StepThroughput:
+    """The run's compiled step and what its speed means: model FLOPs per device per step (the
+    analytic formula, which counts no rematerialisation and no pipeline bubble: the FLOPs MFU
+    divides by peak), the FLOPs the compiled program runs (from its HLO, loops counted in full),
+    and the device's peak for the run's compute dtype where the table knows it."""
+
+    def __init__(self, parts: RunParts):
+        self.parts = parts
+        self.model_flops = predict(parts).model_flops_per_device
+        self.peak = peak_flops(jax.devices()[0], compute_dtype(parts.config.precision))
+        self.hlo_flops: float | None = None
+        self.compile_seconds: float | None = None
+
+    def compile(self, batch: dict[str, jax.Array]):
+        """The train step compiled ahead of time for the run's state layout and this batch."""
+        compiled, self.compile_seconds = compile_train_step(self.parts, batch)
+        self.hlo_flops = program_cost(compiled.as_text(), self.parts.mesh.size).flops
+        return compiled
+
+    def describe(self) -> str:
+        kind = jax.devices()[0].device_kind
+        peak = f"peak {self.peak / 1e12:.0f} TFLOP/s" if self.peak else f"peak unknown for {kind}: no MFU"
+        return (f"step: compiled in {self.compile_seconds:.1f} s; model FLOPs per device per step "
+                f"{self.model_flops:.4g} (analytic formula), compiled program {self.hlo_flops:.4g} (HLO, with "
+                f"rematerialisation and pipeline bubble); {peak}")
+
+    def record(self, step_seconds: float) -> dict[str, float]:
+        """`tflops_per_device` (achieved model TFLOP/s) and `mfu` (where the peak is known)."""
+        achieved = self.model_flops / step_seconds
+        return {"tflops_per_device": achieved / 1e12, **({"mfu": achieved / self.peak} if self.peak else {})}

@@ -22,10 +22,10 @@ from triskele.mesh.pipeline import bubble_fraction
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.compile_cache import enable_compilation_cache
 from triskele.train.config import Config
+from triskele.train.costs import StepThroughput
 from triskele.train.data.pipeline import train_batches
 from triskele.train.run import RunParts, evaluate_split, prepare
 from triskele.train.state import TrainState
-from triskele.train.step import batch_shardings_of, make_train_step
 
 MetricsFn = Callable[[dict[str, np.ndarray]], dict[str, Any]]
 """Turns the summed eval statistics of a split into named metrics (e.g. the mIoU)."""
@@ -88,6 +88,32 @@ class _Log:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class _PendingMetrics:
+    """Step metrics left on the device until a log, evaluation or checkpoint step fetches them all
+    in one transfer, so the host queues the next steps instead of waiting for each one."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+        self.values: list[dict[str, jax.Array]] = []
+
+    def add(self, step: int, metrics: dict[str, jax.Array]) -> None:
+        self.steps.append(step)
+        self.values.append(metrics)
+
+    def fetch(self) -> list[tuple[int, dict[str, float]]]:
+        fetched = jax.device_get(self.values)
+        records = [(step, {k: float(v) for k, v in m.items()}) for step, m in zip(self.steps, fetched, strict=True)]
+        self.steps, self.values = [], []
+        return records
+
+
+def _first_nonfinite(records: list[tuple[int, dict[str, float]]]) -> tuple[int, dict[str, float]] | None:
+    for step, metrics in records:
+        if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
+            return step, metrics
+    return None
 
 
 def _scalar_metrics(totals: dict[str, np.ndarray], metrics_fn: MetricsFn | None) -> dict[str, Any]:
@@ -182,45 +208,61 @@ def _train(
     schedule = _pipeline_schedule(parts)
     if schedule and log.enabled:
         print("pipeline: " + ", ".join(f"{k}={v}" for k, v in schedule.items()), flush=True)
+    throughput = StepThroughput(parts)
+    pending, interval_losses = _PendingMetrics(), []
     bar = tqdm(total=total, initial=first, disable=not progress or not log.enabled, unit="step", dynamic_ncols=True)
     last_log_time, last_log_step = time.perf_counter(), first
     with _SigtermFlag() as sigterm, jax.set_mesh(mesh):
         for step in range(first, total):
             batch = host_to_global(next(batches), mesh, batch_size)
             if train_step is None:
-                train_step = make_train_step(
-                    parts.graphdef, parts.tx, parts.schedule, config.optim.grad_accum, parts.shardings,
-                    batch_shardings_of(batch, mesh, batch_size), mesh,
-                )
+                train_step = throughput.compile(batch)
+                if log.enabled:
+                    print(throughput.describe(), flush=True)
+                last_log_time = time.perf_counter()
             state, metrics = train_step(state, batch)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             done = step + 1
-            if not math.isfinite(metrics["loss"]):
-                checkpoints.wait()
-                raise FloatingPointError(
-                    f"non-finite loss ({metrics['loss']}) at step {done}; stopped. The last good checkpoint is "
-                    f"step {checkpoints.latest_step()} in {checkpoints.directory}; lower optim.lr or raise "
-                    "optim.warmup_steps"
-                )
-            summary.final_step, summary.last_loss = done, metrics["loss"]
+            pending.add(done, metrics)
             bar.update(1)
-            if done % config.run.log_every == 0 or done == total:
-                now = time.perf_counter()
-                ips = batch_size * (done - last_log_step) / max(now - last_log_time, 1e-9)
-                last_log_time, last_log_step = now, done
-                log.write({"step": done, **metrics, "images_per_sec": ips,
-                           **({"pipeline_bubble": schedule["bubble"]} if schedule else {})})
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}", img_s=f"{ips:.0f}")
-            eval_metrics = None
             every = config.run.eval_every
-            if every and (done % every == 0 or done == total):
+            evaluate = bool(every) and (done % every == 0 or done == total)
+            log_now = done % config.run.log_every == 0 or done == total
+            preempted = jax.process_count() > 1 and checkpoints.manager.reached_preemption(done)
+            stop = sigterm.raised or preempted or done == stop_after_step
+            save = stop or done % config.checkpoint.every == 0 or done == total
+            if not (log_now or evaluate or save):
+                continue
+            records = pending.fetch()  # the only host sync: no state is saved before its loss is seen
+            bad = _first_nonfinite(records)
+            if bad is not None:
+                checkpoints.wait()
+                latest = checkpoints.latest_step()
+                kept = (f"The last good checkpoint is step {latest} in {checkpoints.directory}" if latest is not None
+                        else "No checkpoint was saved before it")
+                raise FloatingPointError(
+                    f"non-finite loss ({bad[1]['loss']}) or gradient norm ({bad[1]['grad_norm']}) at step {bad[0]}; "
+                    f"stopped. {kept}; lower optim.lr or raise optim.warmup_steps"
+                )
+            summary.final_step, summary.last_loss = done, records[-1][1]["loss"]
+            interval_losses += [metrics["loss"] for _, metrics in records]
+            if log_now:
+                now = time.perf_counter()
+                seconds = max(now - last_log_time, 1e-9)
+                steps_timed = done - last_log_step
+                last_log_time, last_log_step = now, done
+                log.write({"step": done, **records[-1][1], "loss_mean": float(np.mean(interval_losses)),
+                           "images_per_sec": batch_size * steps_timed / seconds,
+                           **throughput.record(seconds / steps_timed),
+                           **({"pipeline_bubble": schedule["bubble"]} if schedule else {})})
+                bar.set_postfix(loss=f"{summary.last_loss:.4f}", img_s=f"{batch_size * steps_timed / seconds:.0f}")
+                interval_losses = []
+            eval_metrics = None
+            if evaluate:
                 eval_metrics = _scalar_metrics(evaluate_split(parts, state.params, eval_source), metrics_fn)
                 summary.eval_metrics = eval_metrics
                 log.write({"step": done, **eval_metrics})
                 last_log_time = time.perf_counter()  # images/s measures training, not evaluation
-            preempted = jax.process_count() > 1 and checkpoints.manager.reached_preemption(done)
-            stop = sigterm.raised or preempted or done == stop_after_step
-            if stop or done % config.checkpoint.every == 0 or done == total:
+            if save:
                 checkpoints.save(done, state, {"next_step": done}, config_dict, eval_metrics)
             if stop:
                 checkpoints.wait()
