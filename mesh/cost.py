@@ -97,12 +97,14 @@ class StepFlops:
         return (self.blocks / mesh.devices + self.split / (mesh.batch_shards * mesh.tensor)
                 + self.replicated / mesh.batch_shards)
 
-    def executed_per_device(self, mesh: MeshShape, microbatches: int = 1, repeats: int = 1) -> float:
-        """FLOPs a device executes: the pipeline runs every stage in every iteration, the bubble too."""
-        if mesh.pipeline == 1:
-            return self.per_device(mesh)
-        idle = (repeats * microbatches + mesh.pipeline - 1) / (repeats * microbatches)
-        return self.per_device(mesh) + self.blocks / mesh.devices * (idle - 1)
+    def executed_per_device(self, mesh: MeshShape, microbatches: int = 1, repeats: int = 1,
+                            remat: str = "dots") -> float:
+        """FLOPs a device executes: `full` remat runs each block's forward twice (the other policies
+        keep every matmul output), and the pipeline runs every stage in every iteration."""
+        blocks = self.blocks / mesh.devices * (4 / 3 if remat == "full" else 1.0)
+        if mesh.pipeline > 1:
+            blocks *= (repeats * microbatches + mesh.pipeline - 1) / (repeats * microbatches)
+        return self.per_device(mesh) - self.blocks / mesh.devices + blocks
 
 
 def forward_flops(shape: ModelShape, records: int) -> StepFlops:
@@ -162,8 +164,10 @@ class StepCollectives:
     fsdp_reduce_scatter: float
     """Gradients reduce-scattered over `fsdp`."""
     tensor_all_reduce: float
-    """Megatron: two activation all-reduces per block forward, two backward; the gradient entering
-    the head's tensor-split layers."""
+    """Megatron: two activation all-reduces per block forward, two backward, and one more where
+    `full` remat recomputes the block (its attention output; the MLP output's all-reduce makes the
+    block's output, which the backward does not need); the gradient entering the head's
+    tensor-split layers."""
     tensor_all_gather: float
     """The outputs of the head's tensor-split layers, gathered for the layers that follow."""
     pipeline_permute: float
@@ -189,10 +193,12 @@ def step_collectives(
     activation_bytes: int,
     microbatches: int = 1,
     repeats: int = 1,
+    remat: str = "dots",
 ) -> StepCollectives:
     records_local = global_batch // mesh.batch_shards
     activation = records_local * shape.images_per_record * shape.tokens * shape.width * activation_bytes
-    tensor = 4 * shape.depth / mesh.pipeline * ring_all_reduce(mesh.tensor, activation)
+    per_block = 4 + (1 if remat == "full" else 0)
+    tensor = per_block * shape.depth / mesh.pipeline * ring_all_reduce(mesh.tensor, activation)
     head_in = ring_all_reduce(mesh.tensor, records_local * shape.head_split_inputs * activation_bytes)
     head_out = all_gather(mesh.tensor, records_local * shape.head_split_outputs * activation_bytes)
     permute = broadcast = 0.0

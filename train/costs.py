@@ -38,7 +38,7 @@ class Prediction:
     model_flops_per_device: float
     """Model FLOPs per device per step (what MFU counts)."""
     executed_flops_per_device: float
-    """FLOPs a device runs: with a pipeline, its bubble iterations too (no remat counted)."""
+    """FLOPs a device runs: recomputed by remat, and with a pipeline its bubble iterations too."""
     collectives: dict[str, float]
     """Bytes sent per device per step by collective kind."""
     params: ParamBytes
@@ -55,11 +55,12 @@ def predict(parts: RunParts, mesh: Mesh | jax.sharding.AbstractMesh | None = Non
     params = param_bytes(abstract_params(parts), mesh)
     act = activation_bytes(config)
     collectives = step_collectives(shape, sizes, config.data.global_batch, params, act,
-                                   pipeline.microbatches, pipeline.repeats)
+                                   pipeline.microbatches, pipeline.repeats, config.model.remat)
     memory = step_memory(shape, sizes, config.data.global_batch, params, act, config.model.remat)
     return Prediction(
         model_flops_per_device=flops.per_device(sizes),
-        executed_flops_per_device=flops.executed_per_device(sizes, pipeline.microbatches, pipeline.repeats),
+        executed_flops_per_device=flops.executed_per_device(sizes, pipeline.microbatches, pipeline.repeats,
+                                                            config.model.remat),
         collectives=collectives.by_kind(),
         params=params,
         memory={**dataclasses.asdict(memory), "total": memory.total},
