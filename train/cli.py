@@ -12,7 +12,8 @@ from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m triskele.train",
-        description="Train a triskele preset. With no arguments: mars-tiny on synthetic data, local devices.",
+        description="Train a triskele preset. With no arguments: mars-tiny on synthetic data, local devices. "
+                    "`python -m triskele.train plan --help`: the mesh planner.",
     )
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), metavar="NAME",
                         help=f"named preset (default {DEFAULT_PRESET}); one of {', '.join(PRESETS)}")
@@ -55,6 +56,10 @@ def config_from_args(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plan"]:
+        from triskele.train.plan import main as plan_main
+
+        return plan_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.local_processes:
         from triskele.train.launch import launch_local

@@ -72,7 +72,7 @@ def make_train_step(
         params = optax.apply_updates(state.params, updates)
         metrics = {
             "loss": total / weight,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": jnp.asarray(schedule(state.step), jnp.float32),
         }
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
