@@ -32,7 +32,7 @@ from triskele.train.optim import make_optimizer
 from triskele.train.run import prepare
 from triskele.train.state import init_state, state_shardings
 from triskele.train.step import batch_shardings_of, make_train_step
-from triskele.train.tasks import compute_dtype
+from triskele.train.tasks import matmul_dtype
 
 SHAPES = {
     "tiny": ({"width": 192, "depth": 6, "mlp_dim": 768, "heads": 3, "patch": 8, "image_size": 64, "channels": 3}, 32),
@@ -73,7 +73,7 @@ def preset_bench(args) -> dict:
                f"metrics fetched every {log_every} steps": lambda k: run(k, log_every)}
     times = interleaved_seconds(runners, args.steps, args.repeats)
     step_s = median(times[f"metrics fetched every {log_every} steps"])
-    peak = peak_flops(jax.devices()[0], compute_dtype(config.precision))
+    peak = peak_flops(jax.devices()[0], matmul_dtype(config.precision))
     achieved = model_flops / step_s
     rows = [{"run": name, "step_ms": 1e3 * median(t), "steps_per_s": 1 / median(t),
              "images_per_s": batch_size / median(t)} for name, t in times.items()]

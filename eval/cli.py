@@ -1,4 +1,4 @@
-"""`python -m triskele.eval` (evaluate a checkpoint) and `python -m triskele.eval predict`."""
+"""`python -m triskele.eval` (evaluate a checkpoint), and its `predict`, `gallery` and `quantize` commands."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from triskele.eval.evaluate import build_gallery, evaluate_checkpoint, predict
+    from triskele.eval.quantize import quantize_checkpoint
 
     if argv[:1] == ["gallery"]:
         parser = argparse.ArgumentParser(prog="python -m triskele.eval gallery",
@@ -24,6 +25,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--input", required=True, help="folder of <sku>/ folders of reference images")
         args = parser.parse_args(argv[1:])
         run = lambda: build_gallery(args.workdir, args.input, args.mesh, args.step)
+    elif argv[:1] == ["quantize"]:
+        parser = argparse.ArgumentParser(prog="python -m triskele.eval quantize",
+                                         description="Write a weight-quantized copy of a checkpoint for inference.")
+        _common(parser)
+        parser.add_argument("--format", required=True, help="int8, fp8 or fp4")
+        parser.add_argument("--output", help="folder for the copy (default: WORKDIR-FORMAT)")
+        args = parser.parse_args(argv[1:])
+        run = lambda: quantize_checkpoint(args.workdir, args.format, args.step, args.output, args.mesh)
     elif argv[:1] == ["predict"]:
         parser = argparse.ArgumentParser(prog="python -m triskele.eval predict",
                                          description="Predict every image of a folder with a checkpoint.")

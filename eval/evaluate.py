@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 from triskele.eval.domains import get_domain
+from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
 from triskele.train.run import evaluate_split, restore_run
 
@@ -43,6 +44,8 @@ def evaluate_checkpoint(
         "data": parts.config.data.path or "synthetic",
         **({"holdout": holdout} if holdout else {}),
         "mesh": {k: int(v) for k, v in parts.mesh.shape.items()},
+        "format": parts.config.model.quantization or "float32",
+        "weight_bytes": weight_bytes(state.params),
         "metrics": domain.metrics(totals),
     }
     if jax.process_index() == 0:

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from triskele.mesh import partitioned
+from triskele.models.fp8 import fp8_dot
+from triskele.models.quantize import check_format, dequantize, stored_shapes
 
 
 def fan_avg_uniform(num_in: int, num_out: int) -> nnx.Initializer:
@@ -22,7 +24,12 @@ def fan_avg_uniform(num_in: int, num_out: int) -> nnx.Initializer:
 
 
 class Dense(nnx.Module):
-    """A linear map contracting the last `len(in_shape)` axes of x into `out_shape` axes."""
+    """A linear map contracting the last `len(in_shape)` axes of x into `out_shape` axes.
+
+    `fp8`: the matmul runs in FP8 with current scaling (training; see `triskele.models.fp8`).
+    `quantization` (int8, fp8, fp4): the kernel is stored quantized and dequantized in the
+    forward (inference; see `triskele.models.quantize`). Both are static: part of the graph.
+    """
 
     def __init__(
         self,
@@ -36,12 +43,28 @@ class Dense(nnx.Module):
         kernel_init: nnx.Initializer | None = None,
         use_bias: bool = True,
         bias_gradient: bool = True,
+        fp8: bool = False,
+        quantization: str | None = None,
     ):
         in_shape, out_shape = tuple(in_shape), tuple(out_shape)
-        init = kernel_init or fan_avg_uniform(len(in_shape), len(out_shape))
-        self.kernel = nnx.Param(
-            partitioned(init, *in_names, *out_names)(rngs.params(), in_shape + out_shape, jnp.float32)
-        )
+        self.in_shape, self.out_shape = in_shape, out_shape
+        self.quantization = quantization
+        if quantization is None:
+            init = kernel_init or fan_avg_uniform(len(in_shape), len(out_shape))
+            self.kernel = nnx.Param(
+                partitioned(init, *in_names, *out_names)(rngs.params(), in_shape + out_shape, jnp.float32)
+            )
+        else:
+            self.kernel = None
+            shapes = stored_shapes(check_format(quantization), in_shape, out_shape)
+            names = {"codes": (*in_names, *out_names), "scale": tuple(out_names)}
+            if quantization == "fp4":
+                names = {"codes": (in_names[0], out_names[0]), "block_scale": (in_names[0], out_names[0]),
+                         "global_scale": ()}
+            dtypes = {"codes": jnp.int8 if quantization == "int8" else jnp.uint8, "block_scale": jnp.uint8}
+            for key, shape in shapes.items():
+                zeros = partitioned(nnx.initializers.zeros, *names[key])
+                setattr(self, key, nnx.Param(zeros(rngs.params(), shape, dtypes.get(key, jnp.float32))))
         self.bias = (
             nnx.Param(partitioned(nnx.initializers.zeros, *out_names)(rngs.params(), out_shape, jnp.float32))
             if use_bias
@@ -50,10 +73,15 @@ class Dense(nnx.Module):
         self.num_in = len(in_shape)
         self.dtype = dtype
         self.bias_gradient = bias_gradient
+        self.fp8 = fp8
 
     def kernel_value(self) -> jax.Array:
-        """The kernel in the compute dtype."""
-        return self.kernel[...].astype(self.dtype)
+        """The kernel (in..., out...) in the compute dtype (dequantized if stored quantized)."""
+        if self.quantization is None:
+            return self.kernel[...].astype(self.dtype)
+        stored = {key: getattr(self, key)[...] for key in stored_shapes(self.quantization, self.in_shape,
+                                                                         self.out_shape)}
+        return dequantize(stored, self.quantization, self.in_shape, self.out_shape, self.dtype)
 
     def bias_value(self) -> jax.Array | None:
         if self.bias is None:
@@ -62,12 +90,14 @@ class Dense(nnx.Module):
         return bias.astype(self.dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return project(x, self.kernel_value(), self.bias_value(), self.num_in, self.dtype)
+        return project(x, self.kernel_value(), self.bias_value(), self.num_in, self.dtype, self.fp8)
 
 
-def project(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, num_in: int, dtype: jnp.dtype) -> jax.Array:
+def project(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, num_in: int, dtype: jnp.dtype,
+            fp8: bool = False) -> jax.Array:
     """x contracted over its last `num_in` axes with the kernel's first `num_in`, plus the bias."""
-    y = jnp.tensordot(x.astype(dtype), kernel, axes=num_in)
+    x = x.astype(dtype)
+    y = fp8_dot(x, kernel, num_in) if fp8 else jnp.tensordot(x, kernel, axes=num_in)
     return y if bias is None else y + bias
 
 

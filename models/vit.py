@@ -12,6 +12,7 @@ from triskele.mesh import constrain
 from triskele.mesh.cost import ModelShape
 from triskele.mesh.pipeline import circular_pipeline
 from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, project, zeros_param
+from triskele.models.quantize import check_format
 
 # (width, depth, mlp width, heads): ViT (Dosovitskiy et al.), ViT-g from Zhai et al. "Scaling ViTs".
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -44,6 +45,10 @@ class ViTConfig:
     remat: str = "dots"
     attention: str = "auto"
     dtype: str = "float32"
+    fp8: bool = False
+    """The blocks' matmuls (QKV, attention output, MLP up and down) run in FP8 (training)."""
+    quantization: str | None = None
+    """The blocks' kernels are stored quantized: int8, fp8 or fp4 (inference)."""
     pipeline_stages: int = 1
     """Stages on the `pipeline` mesh axis; 1 runs the layers with a plain scan."""
     pipeline_repeats: int = 1
@@ -68,6 +73,8 @@ class ViTConfig:
             )
         if self.pool not in POOLINGS:
             raise ValueError(f"model.pool {self.pool!r} is not one of {POOLINGS}")
+        if self.quantization is not None:
+            check_format(self.quantization)
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"model.remat {self.remat!r} is not one of {REMAT_POLICIES}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
@@ -101,18 +108,23 @@ def attention_implementation(cfg: ViTConfig) -> str | None:
     return "cudnn" if fused else "xla"
 
 
+def block_dense_options(cfg: ViTConfig) -> dict:
+    """What every Dense of a transformer block shares: dtype, FP8 matmuls, stored quantization."""
+    return dict(dtype=cfg.compute_dtype, fp8=cfg.fp8, quantization=cfg.quantization)
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         d, h = cfg.width, cfg.heads
-        dt = cfg.compute_dtype
-        qkv = dict(in_shape=(d,), out_shape=(h, d // h), in_names=("embed",), out_names=("heads", "kv"))
-        self.query = Dense(**qkv, dtype=dt, rngs=rngs)
+        qkv = dict(in_shape=(d,), out_shape=(h, d // h), in_names=("embed",), out_names=("heads", "kv"),
+                   **block_dense_options(cfg))
+        self.query = Dense(**qkv, rngs=rngs)
         # Softmax cancels the key bias (it adds one constant per query), so its exact gradient is
         # zero; Adam would turn round-off into full-size steps. It stays a parameter (pretrained
         # ViTs carry one) but takes no gradient.
-        self.key = Dense(**qkv, dtype=dt, rngs=rngs, bias_gradient=False)
-        self.value = Dense(**qkv, dtype=dt, rngs=rngs)
-        self.out = Dense((h, d // h), (d,), ("heads", "kv"), ("embed",), dtype=dt, rngs=rngs)
+        self.key = Dense(**qkv, rngs=rngs, bias_gradient=False)
+        self.value = Dense(**qkv, rngs=rngs)
+        self.out = Dense((h, d // h), (d,), ("heads", "kv"), ("embed",), rngs=rngs, **block_dense_options(cfg))
         self.implementation = attention_implementation(cfg)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -121,7 +133,7 @@ class Attention(nnx.Module):
         projections = (self.query, self.key, self.value)
         kernel = jnp.stack([p.kernel_value() for p in projections], axis=1)
         bias = jnp.stack([p.bias_value() for p in projections], axis=0)
-        qkv = project(x, kernel, bias, 1, self.query.dtype)
+        qkv = project(x, kernel, bias, 1, self.query.dtype, self.query.fp8)
         names = ("batch", "length", "act_heads", "act_kv")
         q, k, v = (constrain(qkv[:, :, i], *names) for i in range(3))
         y = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
@@ -130,9 +142,9 @@ class Attention(nnx.Module):
 
 class Mlp(nnx.Module):
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
-        dt = cfg.compute_dtype
-        self.up = Dense((cfg.width,), (cfg.mlp_dim,), ("embed",), ("mlp",), dtype=dt, rngs=rngs)
-        self.down = Dense((cfg.mlp_dim,), (cfg.width,), ("mlp",), ("embed",), dtype=dt, rngs=rngs)
+        options = block_dense_options(cfg)
+        self.up = Dense((cfg.width,), (cfg.mlp_dim,), ("embed",), ("mlp",), rngs=rngs, **options)
+        self.down = Dense((cfg.mlp_dim,), (cfg.width,), ("mlp",), ("embed",), rngs=rngs, **options)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = jax.nn.gelu(self.up(x), approximate=False)

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from triskele.models.quantize import FORMATS as QUANTIZATION_FORMATS
 from triskele.models.vit import REMAT_POLICIES
 
 DOMAINS = ("mars", "merch", "deepfake")
-PRECISIONS = ("auto", "float32", "bfloat16")
+PRECISIONS = ("auto", "float32", "bfloat16", "fp8")
 
 
 @dataclasses.dataclass
@@ -32,6 +33,9 @@ class ModelConfig:
     """Overrides the named size's depth when set."""
     frames: int = 1
     """deepfake: 1 trains the frame detector; T > 1 the video detector on clips of T frames."""
+    quantization: str | None = None
+    """Set by `python -m triskele.eval quantize` in the copy it writes: int8, fp8 or fp4 block kernels
+    (inference only)."""
 
 
 @dataclasses.dataclass
@@ -114,7 +118,8 @@ class Config:
     dcn: str = ""
     """Multi-host: how many hosts each mesh axis spans, e.g. 'data=2' (hybrid mesh); '' = plain mesh."""
     precision: str = "auto"
-    """Compute dtype: float32, bfloat16, or auto (bfloat16 on GPU/TPU, float32 on CPU). Weights stay float32."""
+    """Compute dtype: float32, bfloat16, fp8 (bfloat16 with the blocks' matmuls in FP8), or auto
+    (bfloat16 on GPU/TPU, float32 on CPU). Weights stay float32."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -283,6 +288,8 @@ def _check_choices(config: Config) -> None:
     _check_choice("domain", config.domain, DOMAINS)
     _check_choice("precision", config.precision, PRECISIONS)
     _check_choice("model.remat", config.model.remat, REMAT_POLICIES)
+    if config.model.quantization is not None:
+        _check_choice("model.quantization", config.model.quantization, QUANTIZATION_FORMATS)
     if config.checkpoint.best_mode not in ("min", "max"):
         raise ValueError(f"config key 'checkpoint.best_mode' is {config.checkpoint.best_mode!r}; use min or max")
     positive = {

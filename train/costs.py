@@ -18,7 +18,7 @@ from triskele.mesh.hlo import ProgramCost, program_cost
 from triskele.mesh.logical import param_bytes
 from triskele.train.run import RunParts
 from triskele.train.step import batch_shardings_of, make_train_step
-from triskele.train.tasks import compute_dtype
+from triskele.train.tasks import compute_dtype, matmul_dtype
 
 
 def model_shape(parts: RunParts) -> ModelShape:
@@ -30,7 +30,7 @@ def abstract_params(parts: RunParts) -> nnx.State:
 
 
 def activation_bytes(config) -> int:
-    return np.dtype(compute_dtype(config.precision).replace("fp8", "bfloat16")).itemsize
+    return np.dtype(compute_dtype(config.precision)).itemsize
 
 
 @dataclasses.dataclass
@@ -115,7 +115,7 @@ class StepThroughput:
     def __init__(self, parts: RunParts):
         self.parts = parts
         self.model_flops = predict(parts).model_flops_per_device
-        self.peak = peak_flops(jax.devices()[0], compute_dtype(parts.config.precision))
+        self.peak = peak_flops(jax.devices()[0], matmul_dtype(parts.config.precision))
         self.hlo_flops: float | None = None
         self.compile_seconds: float | None = None
 

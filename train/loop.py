@@ -26,6 +26,7 @@ from triskele.train.costs import StepThroughput
 from triskele.train.data.pipeline import train_batches
 from triskele.train.run import RunParts, evaluate_split, prepare
 from triskele.train.state import TrainState
+from triskele.train.tasks import fp8_note
 
 MetricsFn = Callable[[dict[str, np.ndarray]], dict[str, Any]]
 """Turns the summed eval statistics of a split into named metrics (e.g. the mIoU)."""
@@ -137,6 +138,9 @@ def train(
     describes (e.g. a subset of devices); `stop_after_step` stops and checkpoints at that global
     step as a preemption would, so that a later call resumes the same trajectory.
     """
+    if config.model.quantization is not None:
+        raise ValueError(f"this config has model.quantization={config.model.quantization!r}: a quantized checkpoint "
+                         "is for evaluation and prediction; train from the float checkpoint it was made from")
     enable_compilation_cache(config.run.compilation_cache)
     workdir = Path(workdir or Path("runs") / config.preset).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -206,6 +210,9 @@ def _train(
     )
     train_step = None
     schedule = _pipeline_schedule(parts)
+    note = fp8_note(config.precision)
+    if note and log.enabled:
+        print(note, flush=True)
     if schedule and log.enabled:
         print("pipeline: " + ", ".join(f"{k}={v}" for k, v in schedule.items()), flush=True)
     throughput = StepThroughput(parts)

@@ -63,6 +63,8 @@ def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
 
     graphdef, params = abstract_model(build_model)
     tx, schedule = make_optimizer(config.optim, config.run.steps)
+    if config.model.quantization is not None:  # an inference-only copy: no optimizer state
+        tx = optax.set_to_zero()
     shardings = state_shardings(params, tx, mesh)
     return RunParts(config, mesh, task, build_model, graphdef, tx, schedule, shardings)
 

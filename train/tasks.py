@@ -19,10 +19,28 @@ from triskele.train.data.pipeline import Source
 
 
 def compute_dtype(precision: str) -> str:
-    """`auto` computes in bfloat16 on accelerators and float32 on CPU."""
+    """The activations' dtype: `auto` is bfloat16 on accelerators and float32 on CPU; `fp8` computes
+    in bfloat16 around its FP8 matmuls."""
     if precision == "auto":
         return "float32" if jax.default_backend() == "cpu" else "bfloat16"
-    return precision
+    return "bfloat16" if precision == "fp8" else precision
+
+
+def matmul_dtype(precision: str) -> str:
+    """What the blocks' matmuls run in (the peak FLOP/s that MFU divides by): fp8 or the compute dtype."""
+    return "fp8" if precision == "fp8" else compute_dtype(precision)
+
+
+def fp8_note(precision: str) -> str | None:
+    """A one-line note when FP8 matmuls run on a device without FP8 tensor cores (emulated, slow)."""
+    if precision != "fp8":
+        return None
+    device = jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)
+    if device.platform == "gpu" and capability is not None and float(capability) >= 8.9:
+        return None
+    return (f"note: precision=fp8 on {device.device_kind} ({device.platform}), which has no FP8 tensor cores: "
+            "the FP8 matmuls are emulated (slow); they are fast on Hopper/Blackwell GPUs")
 
 
 def vit_config(config: Config, pipeline_stages: int = 1) -> ViTConfig:
@@ -31,6 +49,7 @@ def vit_config(config: Config, pipeline_stages: int = 1) -> ViTConfig:
     overrides = dict(
         patch=m.patch, image_size=m.image_size, channels=m.channels, pool=m.pool,
         remat=m.remat, attention=m.attention, dtype=compute_dtype(config.precision),
+        fp8=config.precision == "fp8", quantization=m.quantization,
         pipeline_stages=pipeline_stages, pipeline_repeats=config.pipeline.repeats,
         pipeline_microbatches=config.pipeline.microbatches,
     )
