@@ -1,4 +1,5 @@
-"""`python -m triskele.eval` (evaluate a checkpoint), and its `predict`, `gallery` and `quantize` commands."""
+"""`python -m triskele.eval` (evaluate a checkpoint), and its `predict`, `gallery`, `quantize` and
+`export-weights` commands."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from triskele.eval.evaluate import build_gallery, evaluate_checkpoint, predict
+    from triskele.eval.export_weights import export_weights
     from triskele.eval.quantize import quantize_checkpoint
 
     if argv[:1] == ["gallery"]:
@@ -25,6 +27,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--input", required=True, help="folder of <sku>/ folders of reference images")
         args = parser.parse_args(argv[1:])
         run = lambda: build_gallery(args.workdir, args.input, args.mesh, args.step)
+    elif argv[:1] == ["export-weights"]:
+        parser = argparse.ArgumentParser(prog="python -m triskele.eval export-weights",
+                                         description="Write the trained backbone as a timm safetensors file.")
+        _common(parser)
+        parser.add_argument("--format", default="timm", help="timm (default)")
+        parser.add_argument("--output", required=True, help="the .safetensors file to write")
+        args = parser.parse_args(argv[1:])
+        run = lambda: export_weights(args.workdir, args.format, args.output, args.step, args.mesh)
     elif argv[:1] == ["quantize"]:
         parser = argparse.ArgumentParser(prog="python -m triskele.eval quantize",
                                          description="Write a weight-quantized copy of a checkpoint for inference.")

@@ -49,6 +49,8 @@ class ViTConfig:
     """The blocks' matmuls (QKV, attention output, MLP up and down) run in FP8 (training)."""
     quantization: str | None = None
     """The blocks' kernels are stored quantized: int8, fp8 or fp4 (inference)."""
+    norm_eps: float = 1e-6
+    """The LayerNorms' epsilon (timm and the ViT releases use 1e-6, Hugging Face 1e-12)."""
     pipeline_stages: int = 1
     """Stages on the `pipeline` mesh axis; 1 runs the layers with a plain scan."""
     pipeline_repeats: int = 1
@@ -156,9 +158,9 @@ class Block(nnx.Module):
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         dt = cfg.compute_dtype
-        self.norm1 = LayerNorm(cfg.width, dtype=dt, rngs=rngs)
+        self.norm1 = LayerNorm(cfg.width, dtype=dt, rngs=rngs, eps=cfg.norm_eps)
         self.attn = Attention(cfg, rngs=rngs)
-        self.norm2 = LayerNorm(cfg.width, dtype=dt, rngs=rngs)
+        self.norm2 = LayerNorm(cfg.width, dtype=dt, rngs=rngs, eps=cfg.norm_eps)
         self.mlp = Mlp(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -233,7 +235,7 @@ class ViT(nnx.Module):
         self.cls_token = zeros_param(rngs, (1, 1, cfg.width), (None, None, "embed")) if cfg.pool == "cls" else None
         self.pos_embed = normal_param(rngs, (1, cfg.num_tokens, cfg.width), (None, None, "embed"), 0.02)
         self.blocks = stacked_blocks(cfg, rngs)
-        self.norm = LayerNorm(cfg.width, dtype=dt, rngs=rngs)
+        self.norm = LayerNorm(cfg.width, dtype=dt, rngs=rngs, eps=cfg.norm_eps)
 
     def __call__(self, images: jax.Array) -> jax.Array:
         cfg = self.cfg

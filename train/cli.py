@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-every", type=int, help="log metrics every N steps (run.log_every)")
     parser.add_argument("--seed", type=int, help="run seed: initialization, data order, augmentation (run.seed)")
     parser.add_argument("--data", help="on-disk dataset root (data.path); default: the domain's synthetic data")
+    parser.add_argument("--init-from", metavar="PATH",
+                        help="pretrained ViT weights for the backbone (model.init_from): timm/Hugging Face "
+                             "safetensors, a save_pretrained folder, or a ViT/big_vision .npz")
     parser.add_argument("--config", action="append", default=[], metavar="FILE",
                         help="YAML or JSON file of overrides (nested or dotted keys); may repeat")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
@@ -49,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace):
     flags = {"mesh": args.mesh, "run.steps": args.steps, "run.log_every": args.log_every,
-             "run.seed": args.seed, "data.path": args.data, "dcn": args.dcn}
+             "run.seed": args.seed, "data.path": args.data, "dcn": args.dcn, "model.init_from": args.init_from}
     overrides = [f"{key}={value}" for key, value in flags.items() if value is not None] + list(args.overrides)
     return make_config(args.preset, overrides, files=args.config)
 

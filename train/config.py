@@ -33,6 +33,11 @@ class ModelConfig:
     """Overrides the named size's depth when set."""
     frames: int = 1
     """deepfake: 1 trains the frame detector; T > 1 the video detector on clips of T frames."""
+    init_from: str | None = None
+    """A pretrained ViT file (timm or Hugging Face safetensors, a save_pretrained folder, a ViT or
+    big_vision .npz) whose weights start the backbone of a fresh run."""
+    norm_eps: float | None = None
+    """LayerNorm epsilon; None: the init file's own (Hugging Face configs state 1e-12), else 1e-6."""
     quantization: str | None = None
     """Set by `python -m triskele.eval quantize` in the copy it writes: int8, fp8 or fp4 block kernels
     (inference only)."""

@@ -24,9 +24,10 @@ from triskele.train.compile_cache import enable_compilation_cache
 from triskele.train.config import Config
 from triskele.train.costs import StepThroughput
 from triskele.train.data.pipeline import train_batches
+from triskele.train.pretrained import load_pretrained, resolve_norm_eps
 from triskele.train.run import RunParts, evaluate_split, prepare
 from triskele.train.state import TrainState
-from triskele.train.tasks import fp8_note
+from triskele.train.tasks import fp8_note, vit_config
 
 MetricsFn = Callable[[dict[str, np.ndarray]], dict[str, Any]]
 """Turns the summed eval statistics of a split into named metrics (e.g. the mIoU)."""
@@ -142,6 +143,7 @@ def train(
         raise ValueError(f"this config has model.quantization={config.model.quantization!r}: a quantized checkpoint "
                          "is for evaluation and prediction; train from the float checkpoint it was made from")
     enable_compilation_cache(config.run.compilation_cache)
+    resolve_norm_eps(config)
     workdir = Path(workdir or Path("runs") / config.preset).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     parts = prepare(config, mesh)
@@ -159,7 +161,9 @@ def train(
 def _restore_or_init(parts: RunParts, checkpoints: Checkpoints) -> TrainState:
     latest = checkpoints.latest_step()
     if latest is None:
-        return parts.init_state()
+        state = parts.init_state()
+        init_from = parts.config.model.init_from
+        return state if init_from is None else load_pretrained(state, vit_config(parts.config), init_from)
     state, data_state = parts.restore(checkpoints, latest)
     if int(data_state["next_step"]) != int(state.step):
         raise ValueError(

@@ -17,6 +17,8 @@ from triskele.train.data.mars import SyntheticTerrain, TerrainFiles
 from triskele.train.data.merch import ProductImages, SyntheticRetail
 from triskele.train.data.pipeline import Source
 
+DEFAULT_NORM_EPS = 1e-6
+
 
 def compute_dtype(precision: str) -> str:
     """The activations' dtype: `auto` is bfloat16 on accelerators and float32 on CPU; `fp8` computes
@@ -50,6 +52,7 @@ def vit_config(config: Config, pipeline_stages: int = 1) -> ViTConfig:
         patch=m.patch, image_size=m.image_size, channels=m.channels, pool=m.pool,
         remat=m.remat, attention=m.attention, dtype=compute_dtype(config.precision),
         fp8=config.precision == "fp8", quantization=m.quantization,
+        norm_eps=m.norm_eps if m.norm_eps is not None else DEFAULT_NORM_EPS,
         pipeline_stages=pipeline_stages, pipeline_repeats=config.pipeline.repeats,
         pipeline_microbatches=config.pipeline.microbatches,
     )

@@ -1,0 +1,209 @@
+"""`model.init_from`: start a run's backbone from a pretrained ViT file (timm, Hugging Face, .npz).
+
+The file is read one array at a time and each backbone parameter is built on the host and placed
+straight into its target sharding (`jax.make_array_from_callback`), so nothing larger than one
+parameter array is ever whole on one device. The conversions are `triskele.models.weights`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from triskele.models.vit import VIT_SIZES, ViTConfig
+from triskele.models.weights import (
+    BLOCK_LEAVES,
+    DROPPED,
+    RESIZE,
+    FileLayout,
+    expected_keys,
+    global_keys,
+    infer_layout,
+    patch_kernel,
+    position_embedding,
+    stacked_block,
+)
+from triskele.train.config import Config
+from triskele.train.safetensors import SafetensorsFile
+from triskele.train.state import TrainState
+from triskele.train.tasks import DEFAULT_NORM_EPS
+
+
+class WeightFile:
+    """The arrays of a pretrained checkpoint: a .safetensors or .npz file, or a Hugging Face
+    `save_pretrained` folder (model.safetensors, optional config.json)."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        self.config: dict[str, Any] | None = None
+        if path.is_dir():
+            if (path / "config.json").is_file():
+                self.config = json.loads((path / "config.json").read_text())
+            candidates = sorted(path.glob("*.safetensors"))
+            if len(candidates) != 1:
+                raise ValueError(f"model.init_from folder {path} must hold one .safetensors file (found "
+                                 f"{len(candidates)}); sharded checkpoints are not read, pass the file itself")
+            path = candidates[0]
+        if not path.is_file():
+            raise ValueError(f"model.init_from {str(path)!r} does not exist; give a .safetensors or .npz file, or a "
+                             "Hugging Face save_pretrained folder")
+        self.path = path
+        if path.suffix == ".npz":
+            try:
+                self._npz = np.load(path)
+                self.shapes = {k: self._npz[k].shape for k in self._npz.files}
+            except (OSError, ValueError) as err:
+                raise ValueError(f"{path} is not a readable .npz file: {err}") from None
+            self.get = lambda key: self._npz[key]
+        else:
+            tensors = SafetensorsFile(path)
+            self.shapes, self.get = tensors.shapes, tensors.get
+        if self.config is None and (path.parent / "config.json").is_file() and path.suffix == ".safetensors":
+            self.config = json.loads((path.parent / "config.json").read_text())
+        self.layout = infer_layout(self.shapes, self.config)
+
+    def norm_eps(self) -> float | None:
+        """The LayerNorm epsilon the file's config states (Hugging Face: layer_norm_eps, 1e-12 by default)."""
+        if self.layout.format == "hf":
+            return float((self.config or {}).get("layer_norm_eps", 1e-12))
+        return None
+
+
+def resolve_norm_eps(config: Config) -> None:
+    """Fills `model.norm_eps` when unset: from the init file's config where it states one (HF),
+    else 1e-6 (timm and the .npz releases), so the saved config builds the same model later."""
+    if config.model.norm_eps is not None:
+        return
+    stated = WeightFile(config.model.init_from).norm_eps() if config.model.init_from else None
+    config.model.norm_eps = DEFAULT_NORM_EPS if stated is None else stated
+
+
+def _size_name(width: int, depth: int, mlp_dim: int, heads: int | None) -> str | None:
+    for name, (w, d, m, h) in VIT_SIZES.items():
+        if (w, d, m) == (width, depth, mlp_dim) and heads in (None, h):
+            return name
+    return None
+
+
+def check_compatible(layout: FileLayout, cfg: ViTConfig, path: Path) -> None:
+    """Errors naming what differs between the file and the model, and which setting would fit."""
+    file_sizes = {"width": layout.width, "depth": layout.depth, "mlp": layout.mlp_dim}
+    model_sizes = {"width": cfg.width, "depth": cfg.depth, "mlp": cfg.mlp_dim}
+    if layout.heads is not None:
+        file_sizes["heads"], model_sizes["heads"] = layout.heads, cfg.heads
+    differ = [k for k in file_sizes if file_sizes[k] != model_sizes[k]]
+    if differ:
+        fits = _size_name(layout.width, layout.depth, layout.mlp_dim, layout.heads)
+        hint = (f"set model.size={fits}" if fits else "no named model.size has these sizes")
+        if fits and layout.depth != VIT_SIZES[fits][1]:
+            hint += f" and model.depth={layout.depth}"
+        raise ValueError(
+            f"model.init_from {path} is a {layout.format} ViT with "
+            + ", ".join(f"{k} {file_sizes[k]}" for k in file_sizes)
+            + "; the model has " + ", ".join(f"{k} {model_sizes[k]}" for k in model_sizes)
+            + f" ({', '.join(differ)} differ): {hint}")
+    if layout.patch != cfg.patch:
+        raise ValueError(f"model.init_from {path} has {layout.patch}-pixel patches but model.patch is {cfg.patch}; "
+                         f"set model.patch={layout.patch}")
+
+
+def check_keys(file: WeightFile) -> list[str]:
+    """Raises naming missing and unexpected keys; returns the keys left behind (heads, poolers)."""
+    present, expected = set(file.shapes), expected_keys(file.layout)
+    missing = sorted(expected - present)
+    dropped = sorted(k for k in present - expected if DROPPED.search(k))
+    unexpected = sorted(present - expected - set(dropped))
+    if missing or unexpected:
+        def listing(keys: list[str]) -> str:
+            return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+
+        raise ValueError(f"model.init_from {file.path} ({file.layout.format} layout) does not match a ViT: "
+                         + (f"missing keys: {listing(missing)}" if missing else "")
+                         + ("; " if missing and unexpected else "")
+                         + (f"unexpected keys: {listing(unexpected)}" if unexpected else ""))
+    return dropped
+
+
+def backbone_arrays(file: WeightFile, cfg: ViTConfig, fresh: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Our backbone leaves ('patch_embed/kernel', 'blocks/attn/query/kernel', ...) -> a function
+    making that leaf's host array (blocks stacked on one layer axis), built when called."""
+    layout = file.layout
+    arrays: dict[str, Any] = {
+        "patch_embed/kernel": lambda: patch_kernel(layout, file.get, cfg.channels),
+        "patch_embed/bias": lambda: np.asarray(file.get(global_keys(layout)["patch_embed/bias"]), np.float32),
+        "pos_embed": lambda: position_embedding(layout, file.get, cfg.grid, cfg.pool == "cls",
+                                                fresh["pos_embed"][0, :1]),
+        "norm/scale": lambda: np.asarray(file.get(global_keys(layout)["norm/scale"]), np.float32),
+        "norm/bias": lambda: np.asarray(file.get(global_keys(layout)["norm/bias"]), np.float32),
+    }
+    if cfg.pool == "cls":
+        arrays["cls_token"] = (
+            (lambda: np.asarray(file.get(global_keys(layout)["cls_token"]), np.float32).reshape(1, 1, -1))
+            if layout.class_token else (lambda: fresh["cls_token"]))
+    for leaf in BLOCK_LEAVES:
+        arrays[f"blocks/{leaf}"] = lambda leaf=leaf: stacked_block(layout, file.get, leaf, cfg.heads)
+    return arrays
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _set(tree: dict, path: str, value: Any) -> None:
+    *parents, last = path.split("/")
+    for key in parents:
+        tree = tree[key]
+    tree[last] = value
+
+
+def load_pretrained(state: TrainState, cfg: ViTConfig, path: str | Path, verbose: bool = True) -> TrainState:
+    """`state` with its `backbone` parameters replaced by the file's, in the same shardings."""
+    file = WeightFile(path)
+    check_compatible(file.layout, cfg, file.path)
+    dropped = check_keys(file)
+    params = state.params
+    if "backbone" not in params:
+        raise ValueError("model.init_from loads a ViT backbone, but this model has no `backbone`")
+    target = _flat(params["backbone"])
+    fresh = {k: np.asarray(jax.device_get(v)) for k, v in target.items() if k in ("pos_embed", "cls_token")}
+    arrays = backbone_arrays(file, cfg, fresh)
+    missing = sorted(set(target) - set(arrays))
+    if missing:
+        raise ValueError(f"model.init_from cannot fill backbone parameters {missing}")
+    new_backbone = jax.tree.map(lambda x: x, params["backbone"])
+    for name, current in target.items():
+        host = arrays[name]().astype(current.dtype).reshape(current.shape)  # (repeats, layers) when stacked so
+        _set(new_backbone, name, jax.make_array_from_callback(current.shape, current.sharding,
+                                                              lambda index, host=host: host[index]))
+    if verbose and jax.process_index() == 0:
+        print(describe(file, cfg, dropped), flush=True)
+    return dataclasses.replace(state, params={**params, "backbone": new_backbone})
+
+
+def describe(file: WeightFile, cfg: ViTConfig, dropped: list[str]) -> str:
+    layout = file.layout
+    notes = [f"loaded {layout.format} weights from {file.path}: {layout.depth} blocks, width {layout.width}"]
+    if layout.grid != cfg.grid:
+        method, antialias = RESIZE[layout.format]
+        notes.append(f"position embedding resized {layout.grid}x{layout.grid} -> {cfg.grid}x{cfg.grid} "
+                     f"({method}{', antialias' if antialias else ''})")
+    if layout.channels != cfg.channels:
+        notes.append(f"patch embedding adapted from {layout.channels} to {cfg.channels} channel(s)")
+    if cfg.pool == "cls" and not layout.class_token:
+        notes.append("the file has no class token: the model's own initialisation is kept for it")
+    if cfg.pool != "cls" and layout.class_token:
+        notes.append("the model pools by average: the file's class token is left out")
+    if dropped:
+        notes.append(f"left out: {', '.join(dropped)}")
+    return "; ".join(notes)
+
