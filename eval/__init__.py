@@ -1,6 +1,20 @@
-"""HOW GOOD it is: domain metrics, evaluating checkpoints on any mesh, reports, prediction."""
+"""HOW GOOD it is: domain metrics, evaluating checkpoints on any mesh, reports, prediction, export.
 
-from triskele.eval.domains import metrics_fn
-from triskele.eval.evaluate import evaluate_checkpoint, predict
+`load_exported` is imported eagerly and needs only JAX (a serving process never imports the
+models); the rest loads on first use.
+"""
 
-__all__ = ["evaluate_checkpoint", "metrics_fn", "predict"]
+from triskele.eval.exported import load_exported
+
+__all__ = ["evaluate_checkpoint", "export_model", "load_exported", "metrics_fn", "predict"]
+
+_LAZY = {"evaluate_checkpoint": "triskele.eval.evaluate", "predict": "triskele.eval.evaluate",
+         "metrics_fn": "triskele.eval.domains", "export_model": "triskele.eval.export"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'triskele.eval' has no attribute {name!r}")

@@ -1,9 +1,5 @@
-"""Deepfake metrics as DeepfakeBench computes them, the ROC plot, and per-video predictions.
-
-Frame AUC, EER (FPR where |FNR - FPR| is smallest on the ROC), AP, accuracy at 0.5 and video
-AUC (frame probabilities averaged per video, then AUC) follow `training/metrics/utils.py` of
-DeepfakeBench; a video model's records are whole clips, so its video AUC is its AUC.
-"""
+"""Deepfake evaluation artifacts (the ROC plot) and per-video predictions; the metrics (as
+DeepfakeBench computes them) are `triskele.train.metrics.deepfake`."""
 
 from __future__ import annotations
 
@@ -13,43 +9,6 @@ from typing import Any
 
 import numpy as np
 from sklearn import metrics as skm
-
-
-def roc_metrics(labels: np.ndarray, scores: np.ndarray) -> dict[str, float]:
-    labels, scores = np.asarray(labels).astype(int), np.asarray(scores, np.float64)
-    if len(np.unique(labels)) < 2:
-        raise ValueError(f"AUC needs real and fake records; the split has only label {int(labels[0])}")
-    fpr, tpr, _ = skm.roc_curve(labels, scores, pos_label=1)
-    fnr = 1 - tpr
-    return {
-        "auc": float(skm.auc(fpr, tpr)),
-        "eer": float(fpr[np.nanargmin(np.abs(fnr - fpr))]),
-        "ap": float(skm.average_precision_score(labels, scores)),
-        "acc": float(((scores > 0.5).astype(int) == np.clip(labels, 0, 1)).mean()),
-    }
-
-
-def video_scores(videos: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per video: mean fake probability of its records, and its label."""
-    ids, inverse = np.unique(np.asarray(videos), return_inverse=True)
-    mean = np.bincount(inverse, weights=np.asarray(scores, np.float64)) / np.bincount(inverse)
-    video_labels = np.zeros(len(ids), int)
-    video_labels[inverse] = np.asarray(labels).astype(int)
-    return video_labels, mean
-
-
-def metrics(totals: dict[str, np.ndarray]) -> dict[str, Any]:
-    frame = roc_metrics(totals["label"], totals["score"])
-    video_labels, video_mean = video_scores(totals["video"], totals["label"], totals["score"])
-    return {
-        "auc_frame": frame["auc"],
-        "auc_video": roc_metrics(video_labels, video_mean)["auc"],
-        "eer": frame["eer"],
-        "ap": frame["ap"],
-        "acc": frame["acc"],
-        "records": int(len(totals["score"])),
-        "videos": int(len(video_labels)),
-    }
 
 
 def plot_roc(labels: np.ndarray, scores: np.ndarray, path: Path, title: str) -> None:
@@ -92,28 +51,32 @@ def _videos_in(folder: Path) -> list[tuple[str, list[Path]]]:
     return groups
 
 
-def predict_folder(parts, params, input_dir: Path, output_dir: Path) -> dict[str, Any]:
-    """Writes videos.csv (video, records, fake_probability) and, for the frame model, frames.csv."""
-    from triskele.eval.predict import predict_arrays
+def class_names(config) -> list[str]:
+    return ["real", "fake"]
+
+
+def predict_folder(model, input_dir: Path, output_dir: Path) -> dict[str, Any]:
+    """Writes videos.csv (video, records, fake_probability) and, for the frame model, frames.csv.
+    `model`: a LiveModel or an ExportedModel."""
     from triskele.train.data.deepfake import sample_uniformly
     from triskele.train.data.images import read_image
 
-    cfg = parts.config
-    clip = cfg.model.frames
+    meta = model.meta
+    clip = meta["frames"]
     rows, inputs = [], []
     for name, frames in _videos_in(Path(input_dir)):
-        chosen = sample_uniformly(frames, cfg.data.frames_per_video)
+        chosen = sample_uniformly(frames, meta["frames_per_video"])
         if clip > 1:
             clip_paths = sample_uniformly(chosen, clip)
             if len(clip_paths) < clip:
                 raise ValueError(f"video {name} has {len(clip_paths)} frames; the video model needs {clip}")
-            inputs.append(np.stack([read_image(p, cfg.model.image_size, 3) for p in clip_paths]))
+            inputs.append(np.stack([read_image(p, meta["image_size"], 3) for p in clip_paths]))
             rows.append((name, "clip"))
         else:
             for path in chosen:
-                inputs.append(read_image(path, cfg.model.image_size, 3))
+                inputs.append(read_image(path, meta["image_size"], 3))
                 rows.append((name, path.name))
-    probabilities = predict_arrays(parts, params, np.stack(inputs))
+    probabilities = model(np.stack(inputs))["fake_probability"]
     output_dir.mkdir(parents=True, exist_ok=True)
     names = [name for name, _ in rows]
     per_video: dict[str, list[float]] = {}

@@ -8,8 +8,11 @@ from typing import Any
 
 import jax
 from triskele.eval.domains import get_domain
+from triskele.eval.exported import load_exported
+from triskele.eval.predict import LiveModel
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
+from triskele.train.metrics import DOMAIN_METRICS
 from triskele.train.run import evaluate_split, restore_run
 
 
@@ -46,7 +49,7 @@ def evaluate_checkpoint(
         "mesh": {k: int(v) for k, v in parts.mesh.shape.items()},
         "format": parts.config.model.quantization or "float32",
         "weight_bytes": weight_bytes(state.params),
-        "metrics": domain.metrics(totals),
+        "metrics": DOMAIN_METRICS[parts.config.domain](totals),
     }
     if jax.process_index() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -56,13 +59,22 @@ def evaluate_checkpoint(
     return report
 
 
-def predict(workdir: str | Path, input_dir: str | Path, output_dir: str | Path, mesh: str | None = None,
-            step: int | None = None) -> dict[str, Any]:
-    parts, state, _ = restore_run(Path(workdir), make_mesh(mesh or ""), step)
-    domain = get_domain(parts.config.domain)
-    if parts.config.domain == "merch":
-        return domain.predict_folder(parts, state.params, Path(input_dir), Path(output_dir), Path(workdir))
-    return domain.predict_folder(parts, state.params, Path(input_dir), Path(output_dir))
+def predict(workdir: str | Path | None, input_dir: str | Path, output_dir: str | Path, mesh: str | None = None,
+            step: int | None = None, exported: str | Path | None = None) -> dict[str, Any]:
+    """Predicts a folder with a checkpoint of `workdir`, or with an `exported` model (then `workdir`,
+    if given, is only where a merch gallery index is looked for)."""
+    if exported is not None:
+        model = load_exported(exported)
+    elif workdir is None:
+        raise ValueError("predict needs --workdir (a checkpoint) or --exported FILE")
+    else:
+        parts, state, _ = restore_run(Path(workdir), make_mesh(mesh or ""), step)
+        model = LiveModel(parts, state.params)
+    domain = model.meta["domain"]
+    if domain == "merch":
+        gallery = Path(workdir) if workdir is not None else None
+        return get_domain(domain).predict_folder(model, Path(input_dir), Path(output_dir), gallery)
+    return get_domain(domain).predict_folder(model, Path(input_dir), Path(output_dir))
 
 
 def build_gallery(workdir: str | Path, input_dir: str | Path, mesh: str | None = None,
@@ -71,4 +83,4 @@ def build_gallery(workdir: str | Path, input_dir: str | Path, mesh: str | None =
     parts, state, _ = restore_run(Path(workdir), make_mesh(mesh or ""), step)
     if parts.config.domain != "merch":
         raise ValueError(f"a gallery index is for merch runs; {workdir} trained {parts.config.domain!r}")
-    return get_domain("merch").build_gallery(parts, state.params, Path(input_dir), Path(workdir))
+    return get_domain("merch").build_gallery(LiveModel(parts, state.params), Path(input_dir), Path(workdir))

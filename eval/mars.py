@@ -1,8 +1,5 @@
-"""Mars terrain metrics, plots and predicted masks.
-
-Metrics come from the confusion matrix accumulated over the whole split (label 255 ignored):
-pixel accuracy, per-class IoU, mIoU and per-class recall (sand recall is the safety number).
-"""
+"""Mars terrain evaluation artifacts (confusion plot, overlays) and predicted masks; the metrics
+are `triskele.train.metrics.mars`."""
 
 from __future__ import annotations
 
@@ -16,30 +13,6 @@ from triskele.train.data.mars import CLASS_NAMES
 PALETTE = np.array([[170, 120, 80], [120, 120, 130], [235, 200, 110], [200, 40, 40]], np.uint8)
 
 
-def confusion_metrics(confusion: np.ndarray) -> dict[str, Any]:
-    """Rows are the truth, columns the prediction. A class absent from both has no IoU (NaN is left
-    out of the mean), as in the usual mIoU."""
-    confusion = np.asarray(confusion, np.float64)
-    true_positive = np.diag(confusion)
-    truth = confusion.sum(axis=1)
-    predicted = confusion.sum(axis=0)
-    union = truth + predicted - true_positive
-    with np.errstate(invalid="ignore", divide="ignore"):
-        iou = np.where(union > 0, true_positive / union, np.nan)
-        recall = np.where(truth > 0, true_positive / truth, np.nan)
-    total = confusion.sum()
-    return {
-        "pixel_acc": float(true_positive.sum() / total) if total else float("nan"),
-        "miou": float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan"),
-        "iou": {name: float(v) for name, v in zip(CLASS_NAMES, iou, strict=True)},
-        "recall": {name: float(v) for name, v in zip(CLASS_NAMES, recall, strict=True)},
-    }
-
-
-def metrics(totals: dict[str, np.ndarray]) -> dict[str, Any]:
-    return confusion_metrics(totals["confusion"])
-
-
 def colorize(label: np.ndarray) -> np.ndarray:
     """Class-index mask (H, W) -> RGB (255 and out-of-range black)."""
     out = np.zeros(label.shape + (3,), np.uint8)
@@ -48,11 +21,36 @@ def colorize(label: np.ndarray) -> np.ndarray:
     return out
 
 
+OVERLAY_PANEL = 256
+"""Pixels per side of each overlay panel (at least): the model's 64-pixel inputs are enlarged by
+nearest neighbour so that labels stay crisp."""
+
+
 def overlay(image: np.ndarray, truth: np.ndarray, prediction: np.ndarray) -> np.ndarray:
-    """Image, truth and prediction side by side, as one RGB array."""
+    """Image | truth | prediction side by side, each enlarged to at least OVERLAY_PANEL pixels by
+    nearest neighbour, over a legend of the class colours; one RGB array."""
+    from PIL import Image, ImageDraw
+
     gray = np.clip(image[..., 0] if image.ndim == 3 else image, 0, 1)
     rgb = np.repeat((gray * 255).astype(np.uint8)[..., None], 3, axis=-1)
-    return np.concatenate([rgb, colorize(truth), colorize(prediction)], axis=1)
+    factor = max(1, -(-OVERLAY_PANEL // gray.shape[0]))
+    panels = [np.kron(p, np.ones((factor, factor, 1), np.uint8)) for p in (rgb, colorize(truth), colorize(prediction))]
+    strip = np.full((28, sum(p.shape[1] for p in panels) + 8 * (len(panels) - 1), 3), 255, np.uint8)
+    gap = np.full((panels[0].shape[0], 8, 3), 255, np.uint8)
+    picture = Image.fromarray(np.concatenate([np.concatenate([panels[0], gap, panels[1], gap, panels[2]], axis=1),
+                                              strip]))
+    draw = ImageDraw.Draw(picture)
+    y, x = panels[0].shape[0] + 8, 4
+    for name, colour in zip((*CLASS_NAMES, "ignored"), (*PALETTE, (0, 0, 0)), strict=True):
+        draw.rectangle([x, y, x + 14, y + 14], fill=tuple(int(c) for c in colour), outline=(0, 0, 0))
+        draw.text((x + 20, y + 1), name.replace("_", " "), fill=(0, 0, 0))
+        x += 30 + 7 * len(name)
+    draw.text((picture.width - 190, y + 1), "image | truth | prediction", fill=(0, 0, 0))
+    return np.asarray(picture)
+
+
+def class_names(config) -> list[str]:
+    return list(CLASS_NAMES)
 
 
 def plot_confusion(confusion: np.ndarray, path: Path) -> None:
@@ -81,33 +79,33 @@ def plot_confusion(confusion: np.ndarray, path: Path) -> None:
 def write_artifacts(parts, params, source, totals, out_dir: Path, examples: int = 4) -> list[str]:
     """The confusion-matrix plot and `examples` overlays (image | truth | prediction)."""
     from PIL import Image
-    from triskele.eval.predict import predict_arrays
+    from triskele.eval.predict import LiveModel
 
     plot_confusion(totals["confusion"], out_dir / "confusion.png")
     written = ["confusion.png"]
     records = [source.load(i) for i in range(min(examples, len(source)))]
     if records:
-        predictions = predict_arrays(parts, params, np.stack([r["image"] for r in records]))
-        for i, (record, prediction) in enumerate(zip(records, predictions, strict=True)):
+        probabilities = LiveModel(parts, params)(np.stack([r["image"] for r in records]))["probabilities"]
+        for i, (record, prediction) in enumerate(zip(records, probabilities.argmax(-1), strict=True)):
             name = f"overlay_{i}.png"
             Image.fromarray(overlay(record["image"], record["label"], prediction)).save(out_dir / name)
             written.append(name)
     return written
 
 
-def predict_folder(parts, params, input_dir: Path, output_dir: Path) -> dict[str, Any]:
+def predict_folder(model, input_dir: Path, output_dir: Path) -> dict[str, Any]:
     """One class-index PNG mask (0 soil, 1 bedrock, 2 sand, 3 big rock) per input image, at the
-    input's own resolution (centre-square predictions resized back by nearest neighbour)."""
+    input's own resolution (centre-square predictions resized back by nearest neighbour).
+    `model`: a LiveModel or an ExportedModel."""
     from PIL import Image
-    from triskele.eval.predict import predict_arrays
     from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_image, square_crop_box
 
     paths = sorted(p for p in Path(input_dir).iterdir() if p.suffix in IMAGE_SUFFIXES)
     if not paths:
         raise ValueError(f"--input {input_dir} holds no .png or .jpg images")
-    cfg = parts.config.model
-    images = np.stack([read_image(p, cfg.image_size, cfg.channels) for p in paths])
-    masks = predict_arrays(parts, params, images)
+    meta = model.meta
+    images = np.stack([read_image(p, meta["image_size"], meta["channels"]) for p in paths])
+    masks = model(images)["probabilities"].argmax(-1)
     output_dir.mkdir(parents=True, exist_ok=True)
     for path, mask in zip(paths, masks, strict=True):
         width, height = image_size(path)

@@ -1,4 +1,5 @@
-"""Merchandising metrics: closed-set top-k, open-set retrieval, planogram compliance."""
+"""Merchandising: shelf compliance reports, the gallery index, predictions; the metrics are
+`triskele.train.metrics.merch`."""
 
 from __future__ import annotations
 
@@ -7,66 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from triskele.train.data.merch import CLOSED, EMPTY, FACING, GALLERY, QUERY, SHELF_GALLERY
-
-
-def topk_accuracy(top: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
-    """(top-1, top-5) accuracy from each record's ranked class indices."""
-    hits = np.asarray(top) == np.asarray(labels)[:, None]
-    return float(hits[:, 0].mean()), float(hits[:, :5].any(axis=1).mean())
-
-
-def retrieval_metrics(queries: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray,
-                      gallery_labels: np.ndarray) -> dict[str, float]:
-    """Recall@1, recall@5 and mAP of cosine nearest-neighbour search (embeddings unit-norm)."""
-    similarity = np.asarray(queries) @ np.asarray(gallery).T
-    order = np.argsort(-similarity, axis=1, kind="stable")
-    relevant = np.asarray(gallery_labels)[order] == np.asarray(query_labels)[:, None]
-    ranks = np.arange(1, relevant.shape[1] + 1)
-    precision_at = np.cumsum(relevant, axis=1) / ranks
-    count = relevant.sum(axis=1)
-    ap = np.where(count > 0, (precision_at * relevant).sum(axis=1) / np.maximum(count, 1), 0.0)
-    return {"recall_at_1": float(relevant[:, 0].mean()), "recall_at_5": float(relevant[:, :5].any(axis=1).mean()),
-            "map": float(ap.mean())}
-
-
-def nearest_labels(queries: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray) -> np.ndarray:
-    return np.asarray(gallery_labels)[np.argmax(np.asarray(queries) @ np.asarray(gallery).T, axis=1)]
-
-
-def planogram_metrics(predicted: np.ndarray, expected: np.ndarray, actual: np.ndarray,
-                      shelf: np.ndarray) -> dict[str, float]:
-    """Facing accuracy (prediction = what is there), violations flagged (prediction != planogram)
-    against true violations (what is there != planogram), and the shelf compliance score (mean
-    over shelves of the share of facings judged compliant)."""
-    predicted, expected, actual, shelf = map(np.asarray, (predicted, expected, actual, shelf))
-    flagged, violation = predicted != expected, actual != expected
-    caught = (flagged & violation).sum()
-    compliant = ~flagged
-    shelves = np.unique(shelf)
-    return {
-        "facing_acc": float((predicted == actual).mean()),
-        "violation_precision": float(caught / flagged.sum()) if flagged.any() else 1.0,
-        "violation_recall": float(caught / violation.sum()) if violation.any() else 1.0,
-        "compliance": float(np.mean([compliant[shelf == s].mean() for s in shelves])),
-        "true_compliance": float(np.mean([(~violation)[shelf == s].mean() for s in shelves])),
-    }
-
-
-def metrics(totals: dict[str, np.ndarray]) -> dict[str, Any]:
-    kind, label, emb = totals["kind"], totals["label"], totals["embedding"]
-    result: dict[str, Any] = {}
-    closed = kind == CLOSED
-    if closed.any():
-        result["top1"], result["top5"] = topk_accuracy(totals["top5"][closed], label[closed])
-    query, gallery = kind == QUERY, kind == GALLERY
-    if query.any() and gallery.any():
-        result.update(retrieval_metrics(emb[query], label[query], emb[gallery], label[gallery]))
-    facing, shelf_gallery = kind == FACING, kind == SHELF_GALLERY
-    if facing.any() and shelf_gallery.any():
-        predicted = nearest_labels(emb[facing], emb[shelf_gallery], label[shelf_gallery])
-        result.update(planogram_metrics(predicted, totals["expected"][facing], label[facing], totals["shelf"][facing]))
-    return result
+from triskele.train.data.merch import EMPTY
 
 
 def write_artifacts(parts, params, source, totals, out_dir: Path) -> list[str]:
@@ -110,17 +52,16 @@ def gallery_path(workdir: Path) -> Path:
     return Path(workdir) / "gallery" / "index.npz"
 
 
-def build_gallery(parts, params, input_dir: Path, workdir: Path) -> dict[str, Any]:
+def build_gallery(model, input_dir: Path, workdir: Path) -> dict[str, Any]:
     """Embeds every reference image of `input_dir/<sku>/*` and saves the index next to the checkpoints.
-    A class folder named `empty` holds pictures of empty facings (gaps)."""
-    from triskele.eval.predict import predict_arrays
+    A class folder named `empty` holds pictures of empty facings (gaps). `model`: a LiveModel."""
     from triskele.train.data.images import read_image
     from triskele.train.data.merch import class_folders
 
     classes = class_folders(Path(input_dir))
     names = [name for name, paths in classes.items() for _ in paths]
-    images = np.stack([read_image(p, parts.config.model.image_size, 3) for paths in classes.values() for p in paths])
-    embeddings = predict_arrays(parts, params, images, method="embed")
+    images = np.stack([read_image(p, model.meta["image_size"], 3) for paths in classes.values() for p in paths])
+    embeddings = model(images)["embedding"]
     path = gallery_path(workdir)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, embeddings=embeddings, names=np.array(names))
@@ -136,14 +77,14 @@ def load_gallery(workdir: Path) -> tuple[np.ndarray, np.ndarray]:
     return index["embeddings"], index["names"].astype(str)
 
 
-def predict_folder(parts, params, input_dir: Path, output_dir: Path, workdir: Path | None = None) -> dict[str, Any]:
+def predict_folder(model, input_dir: Path, output_dir: Path, workdir: Path | None = None) -> dict[str, Any]:
     """Shelf images with a planogram (`<stem>.json` beside `<stem>.jpg`): a compliance report
     `<stem>.json` and `<stem>.png` with the violating facings outlined. Other images are crops:
-    `predictions.csv` with the top-5 classes (and the nearest gallery SKU when a gallery exists)."""
+    `predictions.csv` with the top-5 classes (and the nearest gallery SKU when `workdir` holds a
+    gallery index). `model`: a LiveModel or an ExportedModel."""
     import csv
 
     from PIL import Image, ImageDraw
-    from triskele.eval.predict import predict_arrays
     from triskele.train.data.images import IMAGE_SUFFIXES, read_image
     from triskele.train.data.merch import facing_crops, read_planogram
 
@@ -152,7 +93,7 @@ def predict_folder(parts, params, input_dir: Path, output_dir: Path, workdir: Pa
     if not images:
         raise ValueError(f"--input {input_dir} holds no .jpg or .png images")
     output_dir.mkdir(parents=True, exist_ok=True)
-    size = parts.config.model.image_size
+    size = model.meta["image_size"]
     gallery = load_gallery(workdir) if workdir is not None and gallery_path(workdir).is_file() else None
     shelves = [p for p in images if p.with_suffix(".json").is_file()]
     crops = [p for p in images if p not in shelves]
@@ -165,8 +106,7 @@ def predict_folder(parts, params, input_dir: Path, output_dir: Path, workdir: Pa
         missing = sorted(wanted - set(names))
         if missing:
             raise ValueError(f"planogram {shelf.with_suffix('.json')} names SKUs not in the gallery: {missing}")
-        found_names = names[np.argmax(predict_arrays(parts, params, facing_crops(shelf, planogram, size),
-                                                     method="embed") @ embeddings.T, axis=1)]
+        found_names = names[np.argmax(model(facing_crops(shelf, planogram, size))["embedding"] @ embeddings.T, axis=1)]
         found = np.array([EMPTY if n == "empty" else n for n in found_names], dtype=object)
         rows, cols = len(planogram["rows"]), len(planogram["rows"][0])
         report = compliance_report(np.array(planogram["rows"], dtype=object), found.reshape(rows, cols))
@@ -181,12 +121,11 @@ def predict_folder(parts, params, input_dir: Path, output_dir: Path, workdir: Pa
         picture.save(output_dir / f"{shelf.stem}.png")
     if crops:
         pixels = np.stack([read_image(p, size, 3) for p in crops])
-        probs = predict_arrays(parts, params, pixels)
-        names = class_names(parts.config)
+        outputs = model(pixels)
+        probs, names = outputs["probabilities"], model.meta["class_names"]
         nearest = None
         if gallery is not None:
-            emb = predict_arrays(parts, params, pixels, method="embed")
-            nearest = gallery[1][np.argmax(emb @ gallery[0].T, axis=1)]
+            nearest = gallery[1][np.argmax(outputs["embedding"] @ gallery[0].T, axis=1)]
         with (output_dir / "predictions.csv").open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["image"] + [f"top{k}" for k in range(1, 6)] + ["top1_probability", "gallery_nearest"])

@@ -1,6 +1,9 @@
-"""Batched, sharded inference of a restored model over host arrays."""
+"""Inference over host arrays: a restored model (`LiveModel`) or an exported one
+(`triskele.eval.exported.ExportedModel`) answer the same call: images -> the model's `serve` outputs."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import numpy as np
@@ -9,21 +12,33 @@ from triskele.mesh import host_to_global, process_rows
 from triskele.train.run import RunParts
 
 
-def predict_arrays(parts: RunParts, params: dict, images: np.ndarray, method: str = "predict") -> np.ndarray:
-    """Runs `model.<method>(images)` in global batches of `data.global_batch` (the last one padded)."""
-    batch_size = parts.config.data.global_batch
-    graphdef = parts.graphdef
+def model_meta(parts: RunParts) -> dict[str, Any]:
+    """What a caller needs to feed the model and read its outputs (also the exported sidecar)."""
+    from triskele.eval.domains import get_domain
 
-    @jax.jit
-    def run(params, batch):
-        return getattr(nnx.merge(graphdef, params), method)(batch["image"])
+    config = parts.config
+    return {"domain": config.domain, "image_size": config.model.image_size, "channels": config.model.channels,
+            "frames": config.model.frames, "frames_per_video": config.data.frames_per_video,
+            "class_names": get_domain(config.domain).class_names(config)}
 
-    start, stop = process_rows(parts.mesh, batch_size)
-    outputs = []
-    with jax.set_mesh(parts.mesh):
-        for offset in range(0, len(images), batch_size):
-            chunk = images[offset : offset + batch_size]
-            padded = np.concatenate([chunk, np.zeros((batch_size - len(chunk), *chunk.shape[1:]), chunk.dtype)])
-            result = run(params, host_to_global({"image": padded[start:stop]}, parts.mesh, batch_size))
-            outputs.append(np.asarray(jax.device_get(result))[: len(chunk)])
-    return np.concatenate(outputs) if outputs else np.zeros((0,))
+
+class LiveModel:
+    """A restored model's `serve` on host images, in sharded global batches (the last one padded)."""
+
+    def __init__(self, parts: RunParts, params: dict):
+        self.parts, self.params, self.meta = parts, params, model_meta(parts)
+        graphdef = parts.graphdef
+        self._serve = jax.jit(lambda params, images: nnx.merge(graphdef, params).serve(images))
+
+    def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+        mesh, batch_size = self.parts.mesh, self.parts.config.data.global_batch
+        start, stop = process_rows(mesh, batch_size)
+        outputs: dict[str, list[np.ndarray]] = {}
+        with jax.set_mesh(mesh):
+            for offset in range(0, len(images), batch_size):
+                chunk = np.asarray(images[offset : offset + batch_size], np.float32)
+                padded = np.concatenate([chunk, np.zeros((batch_size - len(chunk), *chunk.shape[1:]), np.float32)])
+                batch = host_to_global({"image": padded[start:stop]}, mesh, batch_size)["image"]
+                for key, value in jax.device_get(self._serve(self.params, batch)).items():
+                    outputs.setdefault(key, []).append(np.asarray(value)[: len(chunk)])
+        return {key: np.concatenate(parts) for key, parts in outputs.items()}

@@ -51,9 +51,9 @@ class _BinaryDetector(nnx.Module):
         score = jax.nn.sigmoid(self.logits(batch["image"])[0])
         return {}, {"score": score, "label": batch["label"], "video": batch["video"]}
 
-    def predict(self, images: jax.Array) -> jax.Array:
-        """Fake probability per record."""
-        return jax.nn.sigmoid(self.logits(images)[0])
+    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+        """What inference returns: the fake probability per record (B,)."""
+        return {"fake_probability": jax.nn.sigmoid(self.logits(images)[0])}
 
 
 class FrameDetector(_BinaryDetector):

@@ -94,5 +94,6 @@ class TerrainSegmenter(nnx.Module):
         pred = jax.nn.one_hot(jnp.argmax(logits, -1), NUM_CLASSES)
         return {"confusion": jnp.einsum("bhwt,bhwp->tp", truth, pred)}, {}
 
-    def predict(self, images: jax.Array) -> jax.Array:
-        return jnp.argmax(self(images), axis=-1).astype(jnp.uint8)
+    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+        """What inference returns: per-pixel class probabilities (B, H, W, 4)."""
+        return {"probabilities": jax.nn.softmax(self(images), axis=-1)}

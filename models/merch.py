@@ -52,12 +52,10 @@ class SkuRecognizer(nnx.Module):
     def __call__(self, images: jax.Array) -> jax.Array:
         return self.features(images)[0]
 
-    def embed(self, images: jax.Array) -> jax.Array:
-        return self.features(images)[1]
-
-    def predict(self, images: jax.Array) -> jax.Array:
-        """Class probabilities (B, classes)."""
-        return jax.nn.softmax(self(images), axis=-1)
+    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+        """What inference returns: class probabilities (B, classes) and unit embeddings (B, embed_dim)."""
+        logits, embedding = self.features(images)
+        return {"probabilities": jax.nn.softmax(logits, axis=-1), "embedding": embedding}
 
     def loss_terms(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """Cross-entropy of the classifier plus the CosFace loss of the embedding, per record."""

@@ -71,3 +71,27 @@ def mars_precision_runs(tmp_path_factory):
                         mesh=make_mesh("data=1", devices=jax.devices()[:1]))
         runs[precision] = (workdir, summary)
     return runs
+
+
+DOMAIN_RUN = {"mars": ("miou", {"data.eval_size": 40}),
+              "deepfake": ("auc_frame", {"data.eval_size": 64, "data.frames_per_video": 4}),
+              "merch": ("top1", {"data.eval_size": 300, "data.num_skus": 20})}
+"""Per domain: the metric its CLI run keeps the best checkpoint by, and its small data settings."""
+
+
+@pytest.fixture(scope="session")
+def domain_runs(tmp_path_factory):
+    """One short command-line run per domain (6 steps, evaluated and checkpointed every 2, the best
+    checkpoint kept by the domain's metric): domain -> workdir."""
+    from triskele.train.cli import main
+
+    runs = {}
+    for domain, (metric, data) in DOMAIN_RUN.items():
+        workdir = tmp_path_factory.mktemp(f"{domain}-cli")
+        flags = {"model.image_size": 32, "data.train_size": 256, "run.log_every": 2, "run.eval_every": 2,
+                 "checkpoint.every": 2, "checkpoint.keep": 1, "checkpoint.best_metric": metric,
+                 "checkpoint.best_mode": "max", "optim.warmup_steps": 0, **data}
+        argv = ["--preset", f"{domain}-tiny", "--workdir", str(workdir), "--steps", "6", "--no-progress"]
+        assert main(argv + [arg for k, v in flags.items() for arg in ("--set", f"{k}={v}")]) == 0
+        runs[domain] = workdir
+    return runs

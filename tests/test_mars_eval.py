@@ -42,7 +42,10 @@ def test_eval_cli_writes_report_plot_and_overlays(trained, capsys):
     for name in ["confusion.png", "overlay_0.png"]:
         assert Image.open(out / name).size[0] > 0
     overlay = np.asarray(Image.open(out / "overlay_0.png"))
-    assert overlay.shape == (32, 96, 3)
+    # Three panels of 32 px enlarged 8x to 256 px (nearest neighbour), 8-px gaps, a 28-px legend.
+    assert overlay.shape == (256 + 28, 3 * 256 + 2 * 8, 3)
+    truth = overlay[:256, 256 + 8 : 2 * 256 + 8]
+    assert (truth[::8, ::8] == truth[7::8, 7::8]).all(), "labels are enlarged by nearest neighbour"
 
 
 def test_predict_writes_one_class_mask_per_image_at_its_size(trained, tmp_path, capsys):

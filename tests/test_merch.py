@@ -8,8 +8,8 @@ from PIL import Image
 from trainutil import mesh_of, train_small
 from triskele.eval.cli import main as eval_main
 from triskele.eval.evaluate import evaluate_checkpoint
-from triskele.eval.merch import compliance_report, planogram_metrics, retrieval_metrics, topk_accuracy
-from triskele.eval.predict import predict_arrays
+from triskele.eval.merch import compliance_report
+from triskele.eval.predict import LiveModel
 from triskele.train.data.merch import (
     EMPTY,
     GALLERY,
@@ -20,6 +20,7 @@ from triskele.train.data.merch import (
     make_planogram,
     read_planogram,
 )
+from triskele.train.metrics.merch import planogram_metrics, retrieval_metrics, topk_accuracy
 from triskele.train.run import restore_run
 
 
@@ -149,7 +150,7 @@ def test_embeddings_are_mesh_invariant(trained, devices):
     out = {}
     for spec in ("data=8", "tensor=2,fsdp=4"):
         parts, state, _ = restore_run(trained, mesh_of(spec))
-        out[spec] = predict_arrays(parts, state.params, images, method="embed")
+        out[spec] = LiveModel(parts, state.params)(images)["embedding"]
     assert out["data=8"].shape == (16, 128)
     np.testing.assert_allclose(np.linalg.norm(out["data=8"], axis=1), 1.0, rtol=1e-5)
     np.testing.assert_allclose(out["tensor=2,fsdp=4"], out["data=8"], atol=2e-6)

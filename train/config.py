@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -13,6 +14,8 @@ from typing import Any
 import yaml
 from triskele.models.quantize import FORMATS as QUANTIZATION_FORMATS
 from triskele.models.vit import REMAT_POLICIES
+from triskele.train.metrics import check_best_metric
+from triskele.train.profiling import parse_profile_steps
 
 DOMAINS = ("mars", "merch", "deepfake")
 PRECISIONS = ("auto", "float32", "bfloat16", "fp8")
@@ -112,6 +115,8 @@ class RunConfig:
     seed: int = 0
     compilation_cache: str | None = None
     """Persistent compilation cache folder; None = ~/.cache/triskele/jax, 'off' disables it."""
+    profile_steps: str | None = None
+    """FIRST:LAST, e.g. '20:25': a jax.profiler trace of those global steps in WORKDIR/profile/."""
 
 
 @dataclasses.dataclass
@@ -170,6 +175,24 @@ DEFAULT_PRESET = "mars-tiny"
 
 _LEGACY_VALUES: dict[str, dict[Any, Any]] = {"model.remat": {True: "full", False: "none"}}
 """Values older configs (and checkpoints) spell differently: model.remat was a bool."""
+
+
+class YamlLoader(yaml.SafeLoader):
+    """YAML's safe loader without base-60 numbers: YAML 1.1 reads `20:25` as the integer 1225,
+    which would turn `run.profile_steps=20:25` into nonsense."""
+
+
+_SEXAGESIMAL_FREE = {
+    "tag:yaml.org,2002:int": r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$",
+    "tag:yaml.org,2002:float": r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
+                               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+}
+YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _SEXAGESIMAL_FREE]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+for _tag, _pattern in _SEXAGESIMAL_FREE.items():
+    YamlLoader.add_implicit_resolver(_tag, re.compile(_pattern), list("-+0123456789."))
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -234,7 +257,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"override {text!r} is not KEY=VALUE; write e.g. optim.lr=3e-4")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    value = yaml.load(raw, Loader=YamlLoader) if raw.strip() else ""
     return key.strip(), value
 
 
@@ -244,7 +267,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"config file {str(path)!r} does not exist")
     text = path.read_text()
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=YamlLoader)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ValueError(f"config file {str(path)!r} is not valid {path.suffix[1:] or 'YAML'}: {err}") from None
     if not isinstance(data, Mapping):
@@ -293,6 +316,9 @@ def _check_choices(config: Config) -> None:
     _check_choice("domain", config.domain, DOMAINS)
     _check_choice("precision", config.precision, PRECISIONS)
     _check_choice("model.remat", config.model.remat, REMAT_POLICIES)
+    if config.run.profile_steps is not None:
+        parse_profile_steps(config.run.profile_steps, config.run.steps)
+    check_best_metric(config.domain, config.checkpoint.best_metric)
     if config.model.quantization is not None:
         _check_choice("model.quantization", config.model.quantization, QUANTIZATION_FORMATS)
     if config.checkpoint.best_mode not in ("min", "max"):

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
-from tensorboardX import SummaryWriter
 from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
 from triskele.mesh.pipeline import bubble_fraction
@@ -24,13 +20,14 @@ from triskele.train.compile_cache import enable_compilation_cache
 from triskele.train.config import Config
 from triskele.train.costs import StepThroughput
 from triskele.train.data.pipeline import train_batches
+from triskele.train.logs import PendingMetrics, RunLog, first_nonfinite
+from triskele.train.metrics import DOMAIN_METRICS, MetricsFn, flatten
+from triskele.train.plots import write_plots
 from triskele.train.pretrained import load_pretrained, resolve_norm_eps
+from triskele.train.profiling import ProfileWindow
 from triskele.train.run import RunParts, evaluate_split, prepare
 from triskele.train.state import TrainState
 from triskele.train.tasks import fp8_note, vit_config
-
-MetricsFn = Callable[[dict[str, np.ndarray]], dict[str, Any]]
-"""Turns the summed eval statistics of a split into named metrics (e.g. the mIoU)."""
 
 
 @dataclasses.dataclass
@@ -69,60 +66,9 @@ class _SigtermFlag:
             signal.signal(signal.SIGTERM, self._previous)
 
 
-class _Log:
-    """metrics.jsonl, TensorBoard and stdout, written by process 0 only."""
-
-    def __init__(self, workdir: Path):
-        self.enabled = jax.process_index() == 0
-        self.path = workdir / "metrics.jsonl"
-        self.writer = SummaryWriter(str(workdir / "tensorboard")) if self.enabled else None
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        for key, value in record.items():
-            if key != "step" and isinstance(value, int | float):
-                self.writer.add_scalar(key, value, record["step"])
-        self.writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-class _PendingMetrics:
-    """Step metrics left on the device until a log, evaluation or checkpoint step fetches them all
-    in one transfer, so the host queues the next steps instead of waiting for each one."""
-
-    def __init__(self):
-        self.steps: list[int] = []
-        self.values: list[dict[str, jax.Array]] = []
-
-    def add(self, step: int, metrics: dict[str, jax.Array]) -> None:
-        self.steps.append(step)
-        self.values.append(metrics)
-
-    def fetch(self) -> list[tuple[int, dict[str, float]]]:
-        fetched = jax.device_get(self.values)
-        records = [(step, {k: float(v) for k, v in m.items()}) for step, m in zip(self.steps, fetched, strict=True)]
-        self.steps, self.values = [], []
-        return records
-
-
-def _first_nonfinite(records: list[tuple[int, dict[str, float]]]) -> tuple[int, dict[str, float]] | None:
-    for step, metrics in records:
-        if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
-            return step, metrics
-    return None
-
-
-def _scalar_metrics(totals: dict[str, np.ndarray], metrics_fn: MetricsFn | None) -> dict[str, Any]:
-    results: dict[str, Any] = {"eval_loss": float(totals["loss_sum"] / max(float(totals["weight"]), 1.0))}
-    if metrics_fn is not None:
-        results.update(metrics_fn(totals))
-    return results
+def _scalar_metrics(totals: dict[str, np.ndarray], metrics_fn: MetricsFn) -> dict[str, float]:
+    """eval_loss and the domain's metrics, nested ones flattened ('iou/sand')."""
+    return {"eval_loss": float(totals["loss_sum"] / max(float(totals["weight"]), 1.0)), **flatten(metrics_fn(totals))}
 
 
 def train(
@@ -135,7 +81,8 @@ def train(
 ) -> TrainSummary:
     """Trains `config` in `workdir` (default runs/<preset>), resuming from its latest checkpoint.
 
-    `metrics_fn` adds domain metrics to each evaluation; `mesh` replaces the one `config.mesh`
+    `metrics_fn` turns each evaluation's statistics into metrics (default: the domain's, e.g. mars
+    mIoU, deepfake AUC, merch top-1); `mesh` replaces the one `config.mesh`
     describes (e.g. a subset of devices); `stop_after_step` stops and checkpoints at that global
     step as a preemption would, so that a later call resumes the same trajectory.
     """
@@ -147,10 +94,11 @@ def train(
     workdir = Path(workdir or Path("runs") / config.preset).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     parts = prepare(config, mesh)
+    metrics_fn = metrics_fn or DOMAIN_METRICS[config.domain]
     if jax.process_index() == 0:
         config.save(workdir / "config.json")
     checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
-    log = _Log(workdir)
+    log = RunLog(workdir)
     try:
         return _train(parts, workdir, checkpoints, log, metrics_fn, progress, stop_after_step)
     finally:
@@ -188,8 +136,8 @@ def _train(
     parts: RunParts,
     workdir: Path,
     checkpoints: Checkpoints,
-    log: _Log,
-    metrics_fn: MetricsFn | None,
+    log: RunLog,
+    metrics_fn: MetricsFn,
     progress: bool,
     stop_after_step: int | None,
 ) -> TrainSummary:
@@ -220,10 +168,11 @@ def _train(
     if schedule and log.enabled:
         print("pipeline: " + ", ".join(f"{k}={v}" for k, v in schedule.items()), flush=True)
     throughput = StepThroughput(parts)
-    pending, interval_losses = _PendingMetrics(), []
+    pending, interval_losses = PendingMetrics(), []
+    profile = ProfileWindow(config.run.profile_steps, total, workdir / "profile")
     bar = tqdm(total=total, initial=first, disable=not progress or not log.enabled, unit="step", dynamic_ncols=True)
     last_log_time, last_log_step = time.perf_counter(), first
-    with _SigtermFlag() as sigterm, jax.set_mesh(mesh):
+    with _SigtermFlag() as sigterm, jax.set_mesh(mesh), profile:
         for step in range(first, total):
             batch = host_to_global(next(batches), mesh, batch_size)
             if train_step is None:
@@ -231,8 +180,10 @@ def _train(
                 if log.enabled:
                     print(throughput.describe(), flush=True)
                 last_log_time = time.perf_counter()
+            profile.before(step + 1)
             state, metrics = train_step(state, batch)
             done = step + 1
+            profile.after(done, state)
             pending.add(done, metrics)
             bar.update(1)
             every = config.run.eval_every
@@ -244,7 +195,7 @@ def _train(
             if not (log_now or evaluate or save):
                 continue
             records = pending.fetch()  # the only host sync: no state is saved before its loss is seen
-            bad = _first_nonfinite(records)
+            bad = first_nonfinite(records)
             if bad is not None:
                 checkpoints.wait()
                 latest = checkpoints.latest_step()
@@ -272,6 +223,8 @@ def _train(
                 eval_metrics = _scalar_metrics(evaluate_split(parts, state.params, eval_source), metrics_fn)
                 summary.eval_metrics = eval_metrics
                 log.write({"step": done, **eval_metrics})
+                if log.enabled:
+                    write_plots(workdir)
                 last_log_time = time.perf_counter()  # images/s measures training, not evaluation
             if save:
                 checkpoints.save(done, state, {"next_step": done}, config_dict, eval_metrics)
@@ -282,4 +235,6 @@ def _train(
         else:
             summary.stopped_by = "completed"
     bar.close()
+    if log.enabled:
+        write_plots(workdir)
     return summary

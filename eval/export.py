@@ -1,0 +1,73 @@
+"""`python -m triskele.eval export`: a checkpoint's inference function as a `jax.export` artifact.
+
+The exported program is the model's `serve` (mars: per-pixel class probabilities; deepfake: the
+fake probability; merch: class probabilities and the retrieval embedding) with the weights baked
+in as constants; the batch dimension is fixed or symbolic (`--batch dynamic`). Load it with
+`triskele.eval.load_exported`, which needs neither this package's models nor the checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from triskele.eval.exported import EXPORT_FORMAT, EXPORT_VERSION, sidecar_path
+from triskele.eval.predict import model_meta
+from triskele.mesh import make_mesh
+from triskele.train.run import restore_run
+
+NORMALISATION = {
+    "mars": "grayscale pixels in [0, 1], centre square resized to the input size; standardized per image inside",
+    "deepfake": "RGB pixels in [0, 1] (face crops); (x - 0.5) / 0.25 inside",
+    "merch": "RGB pixels in [0, 1] (product crops); (x - 0.5) / 0.25 inside",
+}
+
+
+def parse_batch(text: str | int) -> int | None:
+    """`dynamic` (a symbolic batch) -> None, else a positive integer."""
+    if str(text) == "dynamic":
+        return None
+    try:
+        batch = int(text)
+    except ValueError:
+        batch = 0
+    if batch < 1:
+        raise ValueError(f"--batch {text!r} must be a positive integer or 'dynamic'")
+    return batch
+
+
+def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dynamic", step: int | None = None,
+                 platforms: str | None = None) -> dict[str, Any]:
+    batch_size = parse_batch(batch)
+    parts, state, step = restore_run(Path(workdir), make_mesh("data=1", devices=jax.devices()[:1]), step)
+    params = jax.tree.map(lambda a: np.asarray(jax.device_get(a)), state.params)
+    model = nnx.merge(parts.graphdef, params)
+    meta = model_meta(parts)
+    size, channels, frames = meta["image_size"], meta["channels"], meta["frames"]
+    per_record = (frames, size, size, channels) if frames > 1 else (size, size, channels)
+    leading = jax.export.symbolic_shape("batch") if batch_size is None else (batch_size,)
+    spec = jax.ShapeDtypeStruct((*leading, *per_record), jnp.float32)
+    targets = tuple(platforms.split(",")) if platforms else None
+    exported = jax.export.export(jax.jit(model.serve), platforms=targets)(spec)
+    payload = exported.serialize()
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(payload)
+    structure = jax.tree.unflatten(exported.out_tree, exported.out_avals)  # {name: abstract value}
+    outputs = {name: {"shape": [d if isinstance(d, int) else None for d in aval.shape], "dtype": str(aval.dtype)}
+               for name, aval in structure.items()}
+    sidecar = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, **meta,
+               "input_shape": [batch_size, *per_record], "input_dtype": "float32",
+               "normalisation": NORMALISATION[meta["domain"]], "outputs": outputs,
+               "platforms": list(exported.platforms), "jax": jax.__version__, "source": str(Path(workdir).absolute()),
+               "step": step, "sha256": hashlib.sha256(payload).hexdigest()}
+    sidecar_path(output).write_text(json.dumps(sidecar, indent=2) + "\n")
+    return {"output": str(output), "sidecar": str(sidecar_path(output)), "bytes": len(payload),
+            "input_shape": sidecar["input_shape"], "outputs": outputs}
+

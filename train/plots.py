@@ -1,0 +1,74 @@
+"""WORKDIR/plots/training.png and eval.png, drawn from metrics.jsonl so a person can look at a run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+TRAINING_PANELS = (("loss", "training loss"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
+                   ("images_per_sec", "images / s"))
+
+
+def read_records(path: Path) -> tuple[dict[int, dict], dict[int, dict]]:
+    """(training records, evaluation records) by step; a later line for a step replaces an earlier one."""
+    train, evaluation = {}, {}
+    if not path.is_file():
+        return train, evaluation
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill: the rest of the file still plots
+        target = evaluation if "eval_loss" in record else train if "loss" in record else None
+        if target is not None:
+            target[int(record["step"])] = record
+    return train, evaluation
+
+
+def _panels(records: dict[int, dict], keys: list[tuple[str, str]], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(4, len(keys))
+    rows = math.ceil(len(keys) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False)
+    steps = sorted(records)
+    for ax, (key, label) in zip(axes.flat, keys, strict=False):
+        points = [(s, records[s][key]) for s in steps if isinstance(records[s].get(key), int | float)]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 30 else None, markersize=3)
+        if key == "loss":
+            mean = [(s, records[s]["loss_mean"]) for s in steps if "loss_mean" in records[s]]
+            ax.plot([p[0] for p in mean], [p[1] for p in mean], alpha=0.6, label="mean since last log")
+            ax.legend(fontsize=7)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_plots(workdir: str | Path) -> list[Path]:
+    """Redraws the plots from WORKDIR/metrics.jsonl; returns the files written."""
+    workdir = Path(workdir)
+    train, evaluation = read_records(workdir / "metrics.jsonl")
+    out = workdir / "plots"
+    out.mkdir(exist_ok=True)
+    written = []
+    if train:
+        keys = [(k, label) for k, label in TRAINING_PANELS if any(k in r for r in train.values())]
+        _panels(train, keys, f"training ({workdir.name})", out / "training.png")
+        written.append(out / "training.png")
+    if evaluation:
+        names = [k for k in dict.fromkeys(k for r in evaluation.values() for k in r) if k != "step"
+                 and isinstance(next(iter(evaluation.values())).get(k), int | float)]
+        _panels(evaluation, [(k, k) for k in names], f"evaluation ({workdir.name})", out / "eval.png")
+        written.append(out / "eval.png")
+    return written
