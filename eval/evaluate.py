@@ -12,6 +12,7 @@ from triskele.eval.exported import load_exported
 from triskele.eval.predict import LiveModel
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
+from triskele.train.data.bad_records import tolerant
 from triskele.train.metrics import DOMAIN_METRICS
 from triskele.train.run import evaluate_split, restore_run
 
@@ -36,7 +37,7 @@ def evaluate_checkpoint(
         overrides["data.eval_methods"] = holdout
     parts, state, step = restore_run(workdir, make_mesh(mesh or ""), step, overrides)
     domain = get_domain(parts.config.domain)
-    source = parts.task.open_split(parts.config, split)
+    source = tolerant(parts.task.open_split(parts.config, split), parts.config.data.bad_records, split)
     totals = evaluate_split(parts, state.params, source)
     out_dir = workdir / "eval" / str(step)
     report = {
@@ -44,6 +45,7 @@ def evaluate_checkpoint(
         "step": step,
         "split": split,
         "records": len(source),
+        "records_unreadable": int(totals.get("unreadable", 0)),
         "data": parts.config.data.path or "synthetic",
         **({"holdout": holdout} if holdout else {}),
         "mesh": {k: int(v) for k, v in parts.mesh.shape.items()},

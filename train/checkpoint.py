@@ -2,23 +2,52 @@
 
 Saves are asynchronous; the last `keep` checkpoints and the best one by an eval metric are kept.
 Restoring into target shardings reshards, so a checkpoint restores onto any mesh.
+
+A checkpoint that does not restore (no commit marker, truncated or garbled files) is moved aside to
+`checkpoints/corrupt-<step>/` when training starts, and the newest one that restores is used; a
+read-only user (evaluation) gets a clear error instead and nothing is moved. A save that fails
+(disk full, permissions) stops the run with `CheckpointSaveError`; Orbax writes into a temporary
+folder and renames it when complete, so the checkpoints before it stay intact.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 from triskele.train.config import CheckpointConfig
 from triskele.train.state import TrainState
+
+COMMIT_MARKER = "commit_success.txt"
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the run stops, the earlier checkpoints are intact."""
+
+
+def _reason(err: BaseException) -> str:
+    """A one-line reason; the operating system's own words first where TensorStore names an errno."""
+    text = " ".join(str(err).split()).split(" See full TensorStore details")[0]
+    named = re.search(r"os_error_code='(\d+)'", text)
+    errno = int(named.group(1)) if named else getattr(err, "errno", None)
+    if errno:
+        text = f"{os.strerror(errno)}: {text}"
+    if len(text) > 320:  # keep both ends: what failed, and the system's reason (e.g. 'File too large')
+        text = f"{text[:160]} ... {text[-160:]}"
+    return f"{type(err).__name__}: {text}"
 
 
 class Checkpoints:
     def __init__(self, directory: str | Path, cfg: CheckpointConfig, read_only: bool = False):
         self.directory = Path(directory).absolute()
         self.best_metric = cfg.best_metric
+        self.read_only = read_only
         keep = [
             policies.LatestN(n=cfg.keep),
             policies.BestN(
@@ -33,8 +62,11 @@ class Checkpoints:
             enable_async_checkpointing=True,
             read_only=read_only,
             create=not read_only,
+            save_interval_steps=0 if read_only else 1,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.saving: int | None = None
+        self.failed = False
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -50,7 +82,8 @@ class Checkpoints:
         config: dict[str, Any],
         metrics: dict[str, float] | None = None,
     ) -> None:
-        """Starts an asynchronous save (a no-op if `step` is already saved)."""
+        """Starts an asynchronous save (a no-op if `step` is already saved). A failure of this save
+        or of the previous one raises CheckpointSaveError."""
         if step in self.manager.all_steps():
             return
         if metrics is not None and self.best_metric not in metrics:
@@ -60,28 +93,100 @@ class Checkpoints:
             data=ocp.args.JsonSave(data_state),
             config=ocp.args.JsonSave(config),
         )
-        self.manager.save(step, args=args, metrics=metrics, force=True)
+        try:
+            self.manager.save(step, args=args, metrics=metrics, force=True)
+        except Exception as err:  # Orbax reports I/O failures as whatever its backend raised
+            raise self._save_error(self.saving if self.saving is not None else step, err) from None
+        self.saving = step
+
+    def _save_error(self, step: int | None, err: BaseException) -> CheckpointSaveError:
+        self.failed = True
+        kept = sorted(p.name for p in self.directory.iterdir() if p.name.isdigit()) if self.directory.is_dir() else []
+        return CheckpointSaveError(
+            f"saving checkpoint step {step} in {self.directory} failed ({_reason(err)}); the run stopped. "
+            f"Checkpoints written before it are intact: {', '.join(kept) or 'none'}. Free disk space or fix the "
+            "folder's permissions, then run the same command again to resume")
+
+    def problem(self, step: int) -> str | None:
+        """Why checkpoint `step` is incomplete, found without reading it (None: looks whole)."""
+        if not (self.directory / str(step) / COMMIT_MARKER).is_file():
+            return f"no {COMMIT_MARKER}: the save of step {step} never completed"
+        return None
 
     def restore(self, step: int, target: TrainState) -> tuple[TrainState, dict[str, Any]]:
-        """Restores `step` into `target` (ShapeDtypeStructs with the shardings wanted)."""
+        """Restores `step` into `target` (ShapeDtypeStructs with the shardings wanted); a ValueError
+        naming the step and the reason when it does not restore."""
         if step not in self.manager.all_steps():
             raise ValueError(
                 f"checkpoint step {step} is not in {self.directory}; steps there: {self.all_steps() or 'none'}"
             )
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
-            ),
-        )
-        return restored["state"], restored["data"]
+        reason = self.problem(step)
+        if reason is None:
+            try:
+                restored = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
+                )
+                return restored["state"], restored["data"]
+            except Exception as err:  # TensorStore, JSON and Orbax errors alike mean: does not restore
+                reason = _reason(err)
+        raise ValueError(f"checkpoint step {step} in {self.directory} cannot be restored: {reason}")
+
+    def restore_newest(self, target: TrainState) -> tuple[TrainState, dict[str, Any], int] | None:
+        """The newest checkpoint that restores (None if there is none at all). Each newer one that
+        does not is moved aside to corrupt-<step>/ with a warning; if none restores, a ValueError
+        lists what was tried."""
+        if self.read_only:
+            raise ValueError("restore_newest moves corrupt checkpoints aside; it needs a writable manager")
+        tried = []
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                state, data = self.restore(step, target)
+                return state, data, step
+            except ValueError as err:
+                tried.append(str(err))
+                self._move_aside(step, str(err))
+        if tried:
+            raise ValueError(f"no checkpoint in {self.directory} restores (each was moved to corrupt-<step>/): "
+                             + "; ".join(tried) + ". Delete the folder to start over")
+        return None
+
+    def _move_aside(self, step: int, reason: str) -> None:
+        target = self.directory / f"corrupt-{step}"
+        suffix = 1
+        while target.exists():
+            target, suffix = self.directory / f"corrupt-{step}.{suffix}", suffix + 1
+        if jax.process_index() == 0:
+            (self.directory / str(step)).rename(target)
+            print(f"warning: {reason}; moved it to {target} and trying the one before", file=sys.stderr, flush=True)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"triskele-corrupt-{step}")
+        self.manager.reload()
 
     def restore_config(self, step: int) -> dict[str, Any]:
-        return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+        except Exception as err:
+            raise ValueError(f"checkpoint step {step} in {self.directory} has no readable config: "
+                             f"{_reason(err)}") from None
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the save in flight; CheckpointSaveError if it failed."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as err:
+            raise self._save_error(self.saving, err) from None
+        self.saving = None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            if not self.failed:  # a failed save was reported already; closing must not report it twice
+                self.wait()
+        finally:
+            try:
+                self.manager.close()
+            except Exception:
+                if not self.failed:
+                    raise

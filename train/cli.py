@@ -6,6 +6,7 @@ import argparse
 import sys
 
 import jax
+from triskele.train.checkpoint import CheckpointSaveError
 from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
 
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except FloatingPointError as err:
+    except (FloatingPointError, CheckpointSaveError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     if jax.process_index() != 0:

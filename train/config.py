@@ -74,6 +74,9 @@ class DataConfig:
     """Batches loaded ahead of the step."""
     workers: int = 0
     """Worker processes (Grain multiprocessing); 0 loads in threads of this process."""
+    bad_records: str = "error"
+    """An unreadable image or mask: `error` stops naming the file; `skip` trains on the next good
+    record instead, lists the file in WORKDIR/bad_records.txt and counts it (evaluation leaves it out)."""
 
 
 @dataclasses.dataclass
@@ -115,6 +118,10 @@ class RunConfig:
     seed: int = 0
     compilation_cache: str | None = None
     """Persistent compilation cache folder; None = ~/.cache/triskele/jax, 'off' disables it."""
+    on_nonfinite: str = "stop"
+    """A step whose loss or gradient is not finite: `stop` the run (naming the step), or `skip` it
+    (parameters and optimizer state unchanged) and stop after run.max_skipped_steps in a row."""
+    max_skipped_steps: int = 10
     profile_steps: str | None = None
     """FIRST:LAST, e.g. '20:25': a jax.profiler trace of those global steps in WORKDIR/profile/."""
 
@@ -178,21 +185,23 @@ _LEGACY_VALUES: dict[str, dict[Any, Any]] = {"model.remat": {True: "full", False
 
 
 class YamlLoader(yaml.SafeLoader):
-    """YAML's safe loader without base-60 numbers: YAML 1.1 reads `20:25` as the integer 1225,
-    which would turn `run.profile_steps=20:25` into nonsense."""
+    """YAML's safe loader with YAML 1.2's plain scalars: YAML 1.1 reads `20:25` as the integer 1225
+    and `off`, `no`, `on`, `yes` as booleans, which would turn `run.profile_steps=20:25` and
+    `run.compilation_cache=off` into nonsense."""
 
 
-_SEXAGESIMAL_FREE = {
+_YAML_1_2_SCALARS = {
+    "tag:yaml.org,2002:bool": r"^(?:true|True|TRUE|false|False|FALSE)$",
     "tag:yaml.org,2002:int": r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$",
     "tag:yaml.org,2002:float": r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
                                r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
 }
 YamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _SEXAGESIMAL_FREE]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML_1_2_SCALARS]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-for _tag, _pattern in _SEXAGESIMAL_FREE.items():
-    YamlLoader.add_implicit_resolver(_tag, re.compile(_pattern), list("-+0123456789."))
+for _tag, _pattern in _YAML_1_2_SCALARS.items():
+    YamlLoader.add_implicit_resolver(_tag, re.compile(_pattern), list("-+0123456789.tTfF"))
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -257,7 +266,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"override {text!r} is not KEY=VALUE; write e.g. optim.lr=3e-4")
-    value = yaml.load(raw, Loader=YamlLoader) if raw.strip() else ""
+    try:
+        value = yaml.load(raw, Loader=YamlLoader) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw.strip()  # not a YAML scalar: the text itself (a string field may take it)
     return key.strip(), value
 
 
@@ -316,6 +328,8 @@ def _check_choices(config: Config) -> None:
     _check_choice("domain", config.domain, DOMAINS)
     _check_choice("precision", config.precision, PRECISIONS)
     _check_choice("model.remat", config.model.remat, REMAT_POLICIES)
+    _check_choice("data.bad_records", config.data.bad_records, ("error", "skip"))
+    _check_choice("run.on_nonfinite", config.run.on_nonfinite, ("stop", "skip"))
     if config.run.profile_steps is not None:
         parse_profile_steps(config.run.profile_steps, config.run.steps)
     check_best_metric(config.domain, config.checkpoint.best_metric)
@@ -329,6 +343,7 @@ def _check_choices(config: Config) -> None:
         "run.steps": config.run.steps, "run.log_every": config.run.log_every,
         "pipeline.microbatches": config.pipeline.microbatches, "pipeline.repeats": config.pipeline.repeats,
         "data.train_size": config.data.train_size, "data.eval_size": config.data.eval_size,
+        "run.max_skipped_steps": config.run.max_skipped_steps,
     }
     if config.run.eval_every < 0:
         raise ValueError(f"config key 'run.eval_every' is {config.run.eval_every}; use 0 (never) or more")

@@ -85,7 +85,7 @@ def compile_train_step(parts: RunParts, batch: dict[str, Any] | None = None):
     state = abstract_state(parts.build_model, parts.tx, parts.shardings)
     shardings = {key: value.sharding for key, value in batch.items()}
     step = make_train_step(parts.graphdef, parts.tx, parts.schedule, parts.config.optim.grad_accum, parts.shardings,
-                           shardings, parts.mesh)
+                           shardings, parts.mesh, skip_nonfinite=parts.config.run.on_nonfinite == "skip")
     began = time.perf_counter()
     with jax.set_mesh(parts.mesh):
         compiled = step.lower(state, batch).compile()

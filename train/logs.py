@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,43 @@ from tensorboardX import SummaryWriter
 
 
 class RunLog:
-    """metrics.jsonl, TensorBoard and stdout, written by process 0 only."""
+    """metrics.jsonl and TensorBoard, written by process 0 only.
+
+    `start(restored_step)` makes them agree with the state the run resumes from: records of later
+    steps (written by a run that was killed before its next checkpoint) move to
+    metrics.dropped.jsonl, and TensorBoard purges its events after that step, so every logged step
+    appears once and curves never fold back."""
 
     def __init__(self, workdir: Path):
         self.enabled = jax.process_index() == 0
+        self.workdir = workdir
         self.path = workdir / "metrics.jsonl"
-        self.writer = SummaryWriter(str(workdir / "tensorboard")) if self.enabled else None
+        self.dropped = workdir / "metrics.dropped.jsonl"
+        self.writer = None
+
+    def start(self, restored_step: int) -> int:
+        """Returns how many records were moved aside."""
+        if not self.enabled:
+            return 0
+        moved = 0
+        if self.path.exists():
+            keep, drop = [], []
+            for line in self.path.read_text().splitlines():
+                try:
+                    later = int(json.loads(line)["step"]) > restored_step
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    later = True  # a line cut short by a kill
+                (drop if later else keep).append(line)
+            if drop:
+                with self.dropped.open("a") as f:
+                    f.write("".join(f"{line}\n" for line in drop))
+                partial = self.path.with_suffix(".jsonl.partial")
+                partial.write_text("".join(f"{line}\n" for line in keep))
+                os.replace(partial, self.path)
+                moved = len(drop)
+        self.writer = SummaryWriter(str(self.workdir / "tensorboard"),
+                                    purge_step=restored_step + 1 if restored_step > 0 else None)
+        return moved
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -52,6 +84,30 @@ class PendingMetrics:
         records = [(step, {k: float(v) for k, v in m.items()}) for step, m in zip(self.steps, fetched, strict=True)]
         self.steps, self.values = [], []
         return records
+
+
+class Skipped:
+    """`run.on_nonfinite=skip`: counts the steps the train step skipped, and the current streak."""
+
+    def __init__(self, limit: int):
+        self.limit, self.streak, self.total, self.interval = limit, 0, 0, 0
+
+    def update(self, records: list[tuple[int, dict[str, float]]]) -> tuple[int, dict[str, float]] | None:
+        """The step at which the streak of skipped steps reached the limit, if it did."""
+        for step, metrics in records:
+            skipped = metrics.get("skipped", 0.0) > 0
+            self.streak = self.streak + 1 if skipped else 0
+            self.total += skipped
+            self.interval += skipped
+            if self.streak >= self.limit:
+                return step, metrics
+        return None
+
+    def record(self) -> dict[str, int]:
+        """For a log record: steps skipped since the last one, and in all."""
+        out = {"skipped_steps": self.interval, "skipped_total": self.total}
+        self.interval = 0
+        return out
 
 
 def first_nonfinite(records: list[tuple[int, dict[str, float]]]) -> tuple[int, dict[str, float]] | None:

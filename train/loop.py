@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 import threading
 import time
@@ -19,8 +20,10 @@ from triskele.train.checkpoint import Checkpoints
 from triskele.train.compile_cache import enable_compilation_cache
 from triskele.train.config import Config
 from triskele.train.costs import StepThroughput
+from triskele.train.data.bad_records import count_bad_records, tolerant
 from triskele.train.data.pipeline import train_batches
-from triskele.train.logs import PendingMetrics, RunLog, first_nonfinite
+from triskele.train.lock import WorkdirLock
+from triskele.train.logs import PendingMetrics, RunLog, Skipped, first_nonfinite
 from triskele.train.metrics import DOMAIN_METRICS, MetricsFn, flatten
 from triskele.train.plots import write_plots
 from triskele.train.pretrained import load_pretrained, resolve_norm_eps
@@ -93,29 +96,33 @@ def train(
     resolve_norm_eps(config)
     workdir = Path(workdir or Path("runs") / config.preset).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    parts = prepare(config, mesh)
-    metrics_fn = metrics_fn or DOMAIN_METRICS[config.domain]
-    if jax.process_index() == 0:
-        config.save(workdir / "config.json")
-    checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
-    log = RunLog(workdir)
-    try:
-        return _train(parts, workdir, checkpoints, log, metrics_fn, progress, stop_after_step)
-    finally:
-        checkpoints.close()
-        log.close()
+    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
+        parts = prepare(config, mesh)
+        metrics_fn = metrics_fn or DOMAIN_METRICS[config.domain]
+        if jax.process_index() == 0:
+            config.save(workdir / "config.json")
+        checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
+        log = RunLog(workdir)
+        try:
+            return _train(parts, workdir, checkpoints, log, metrics_fn, progress, stop_after_step)
+        finally:
+            try:
+                checkpoints.close()
+            finally:
+                log.close()
 
 
 def _restore_or_init(parts: RunParts, checkpoints: Checkpoints) -> TrainState:
-    latest = checkpoints.latest_step()
-    if latest is None:
+    """The newest checkpoint that restores (corrupt newer ones are moved aside), else a fresh state."""
+    restored = checkpoints.restore_newest(parts.abstract_state())
+    if restored is None:
         state = parts.init_state()
         init_from = parts.config.model.init_from
         return state if init_from is None else load_pretrained(state, vit_config(parts.config), init_from)
-    state, data_state = parts.restore(checkpoints, latest)
+    state, data_state, step = restored
     if int(data_state["next_step"]) != int(state.step):
         raise ValueError(
-            f"checkpoint {latest} in {checkpoints.directory} is inconsistent: its data iterator is at step "
+            f"checkpoint {step} in {checkpoints.directory} is inconsistent: its data iterator is at step "
             f"{data_state['next_step']} but its model at step {int(state.step)}"
         )
     return state
@@ -145,6 +152,10 @@ def _train(
     total, batch_size = config.run.steps, config.data.global_batch
     state = _restore_or_init(parts, checkpoints)
     first = int(state.step)
+    moved = log.start(first)
+    if moved:
+        print(f"resuming at step {first}: {moved} log records of later steps (from a run stopped before its next "
+              f"checkpoint) moved to {log.dropped.name}", flush=True)
     summary = TrainSummary(
         workdir=str(workdir), first_step=first + 1, final_step=first, last_loss=None,
         stopped_by="nothing to do", checkpoint_dir=str(checkpoints.directory),
@@ -154,8 +165,10 @@ def _train(
         return summary
 
     config_dict = config.to_dict()
-    train_source = parts.task.open_split(config, "train")
-    eval_source = parts.task.open_split(config, config.data.eval_split)
+    bad_records = workdir / "bad_records.txt"
+    train_source = tolerant(parts.task.open_split(config, "train"), config.data.bad_records, "train", bad_records)
+    eval_source = tolerant(parts.task.open_split(config, config.data.eval_split), config.data.bad_records,
+                           config.data.eval_split, bad_records)
     batches = train_batches(
         train_source, batch_size, config.run.seed, first, total, process_rows(mesh, batch_size),
         threads=config.data.threads, prefetch=config.data.prefetch, workers=config.data.workers,
@@ -169,6 +182,7 @@ def _train(
         print("pipeline: " + ", ".join(f"{k}={v}" for k, v in schedule.items()), flush=True)
     throughput = StepThroughput(parts)
     pending, interval_losses = PendingMetrics(), []
+    skipping = Skipped(config.run.max_skipped_steps) if config.run.on_nonfinite == "skip" else None
     profile = ProfileWindow(config.run.profile_steps, total, workdir / "profile")
     bar = tqdm(total=total, initial=first, disable=not progress or not log.enabled, unit="step", dynamic_ncols=True)
     last_log_time, last_log_step = time.perf_counter(), first
@@ -195,7 +209,13 @@ def _train(
             if not (log_now or evaluate or save):
                 continue
             records = pending.fetch()  # the only host sync: no state is saved before its loss is seen
-            bad = first_nonfinite(records)
+            bad = first_nonfinite(records) if skipping is None else skipping.update(records)
+            if bad is not None and skipping is not None:
+                checkpoints.wait()
+                raise FloatingPointError(
+                    f"{skipping.streak} steps in a row up to step {bad[0]} had a non-finite loss or gradient and were "
+                    f"skipped (run.max_skipped_steps={config.run.max_skipped_steps}); stopped. The checkpoints hold "
+                    "the state before them; lower optim.lr, or look for bad data")
             if bad is not None:
                 checkpoints.wait()
                 latest = checkpoints.latest_step()
@@ -206,13 +226,15 @@ def _train(
                     f"stopped. {kept}; lower optim.lr or raise optim.warmup_steps"
                 )
             summary.final_step, summary.last_loss = done, records[-1][1]["loss"]
-            interval_losses += [metrics["loss"] for _, metrics in records]
+            interval_losses += [m["loss"] for _, m in records if math.isfinite(m["loss"])]
             if log_now:
                 now = time.perf_counter()
                 seconds = max(now - last_log_time, 1e-9)
                 steps_timed = done - last_log_step
                 last_log_time, last_log_step = now, done
-                log.write({"step": done, **records[-1][1], "loss_mean": float(np.mean(interval_losses)),
+                log.write({"step": done, **records[-1][1],
+                           "loss_mean": float(np.mean(interval_losses)) if interval_losses else float("nan"),
+                           **(skipping.record() if skipping else {}),
                            "images_per_sec": batch_size * steps_timed / seconds,
                            **throughput.record(seconds / steps_timed),
                            **({"pipeline_bubble": schedule["bubble"]} if schedule else {})})
@@ -220,7 +242,11 @@ def _train(
                 interval_losses = []
             eval_metrics = None
             if evaluate:
-                eval_metrics = _scalar_metrics(evaluate_split(parts, state.params, eval_source), metrics_fn)
+                totals = evaluate_split(parts, state.params, eval_source)
+                eval_metrics = _scalar_metrics(totals, metrics_fn)
+                if config.data.bad_records == "skip":
+                    eval_metrics["bad_records"] = count_bad_records(bad_records, "train")
+                    eval_metrics["eval_unreadable"] = int(totals.get("unreadable", 0))
                 summary.eval_metrics = eval_metrics
                 log.write({"step": done, **eval_metrics})
                 if log.enabled:

@@ -46,9 +46,13 @@ class RunParts:
         """The jitted eval step, built once per run (periodic evaluations reuse its compilation)."""
         return make_eval_step(self.graphdef, self.mesh)
 
+    def abstract_state(self) -> TrainState:
+        """ShapeDtypeStructs of the state with this run's shardings (what a checkpoint restores into)."""
+        return abstract_state(self.build_model, self.tx, self.shardings)
+
     def restore(self, checkpoints: Checkpoints, step: int) -> tuple[TrainState, dict]:
         """Restores checkpoint `step` onto this run's mesh (resharding as needed)."""
-        return checkpoints.restore(step, abstract_state(self.build_model, self.tx, self.shardings))
+        return checkpoints.restore(step, self.abstract_state())
 
 
 def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
@@ -85,7 +89,8 @@ def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, n
             keep = np.asarray(per_record.pop("valid")) > 0
             for key, value in per_record.items():
                 records.setdefault(key, []).append(np.asarray(value)[keep])
-    return {**totals, **{key: np.concatenate(parts_) for key, parts_ in records.items()}}
+    unreadable = {"unreadable": len(source.bad)} if hasattr(source, "bad") else {}
+    return {**totals, **unreadable, **{key: np.concatenate(parts_) for key, parts_ in records.items()}}
 
 
 def restore_run(

@@ -61,8 +61,13 @@ def make_train_step(
     shardings: TrainState,
     batch_shardings: dict[str, NamedSharding],
     mesh: Mesh,
+    skip_nonfinite: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
-    """`train_step(state, batch) -> (state, metrics)`, state donated; metrics: loss, grad_norm, lr."""
+    """`train_step(state, batch) -> (state, metrics)`, state donated; metrics: loss, grad_norm, lr.
+
+    `skip_nonfinite`: a step whose loss or gradient is not finite keeps the parameters and the
+    optimizer state as they were (decided on the device, no host round trip) and reports
+    `skipped` = 1; the step counter still advances, so the data order is unchanged."""
 
     def train_step(state: TrainState, batch: Batch):
         total, weight, grads = summed_gradients(graphdef, state.params, batch, grad_accum)
@@ -75,6 +80,11 @@ def make_train_step(
             "grad_norm": optax.tree.norm(grads),
             "lr": jnp.asarray(schedule(state.step), jnp.float32),
         }
+        if skip_nonfinite:
+            finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+            params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (params, opt_state),
+                                             (state.params, state.opt_state))
+            metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     replicated = NamedSharding(mesh, PartitionSpec())

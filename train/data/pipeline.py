@@ -112,12 +112,14 @@ def num_eval_batches(num_records: int, global_batch: int) -> int:
 
 
 def eval_batches(source: Source, global_batch: int, rows: tuple[int, int]) -> Iterator[dict[str, np.ndarray]]:
-    """Every record exactly once, in order; the last batch is padded and its padding has valid=0."""
+    """Every record exactly once, in order; the last batch is padded and its padding has valid=0, as
+    has a record the source found unreadable (`data.bad_records=skip`: it has a `bad` index set)."""
     start, stop = rows
     for b in range(num_eval_batches(len(source), global_batch)):
         indices = np.arange(b * global_batch, (b + 1) * global_batch)[start:stop]
         valid = indices < len(source)
         records = [source.load(int(i) if ok else 0) for i, ok in zip(indices, valid, strict=True)]
         batch = stack_records(records)
-        batch["valid"] = valid.astype(np.float32)
+        unreadable = getattr(source, "bad", {})
+        batch["valid"] = (valid & ~np.isin(indices, list(unreadable))).astype(np.float32)
         yield batch
