@@ -3,6 +3,7 @@ for a preset (the scripts are run from the repository root: `python bench/<name>
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
@@ -13,6 +14,30 @@ from typing import Any
 
 import jax
 import numpy as np
+
+MESHES = ("data=8", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2", "pipeline=4,data=2")
+"""The meshes the compiled-program benches compare (8 simulated CPU devices)."""
+MESH_DEFAULTS = ("data.global_batch=32",)
+
+
+def mesh_bench_main(doc: str, argv: list[str] | None, measure, columns: list[str], title: str,
+                    notes: str = "") -> int:
+    """The command line of a bench that measures a preset on each of several meshes:
+    `measure(preset, overrides, spec) -> rows` (a list of dicts), printed as a table and saved."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="mars-l16")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--mesh", action="append", help=f"mesh spec (default: {', '.join(MESHES)})")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    overrides = [*MESH_DEFAULTS, *args.set]
+    rows = [row for spec in (args.mesh or MESHES) for row in measure(args.preset, overrides, spec)]
+    print(f"{args.preset} ({', '.join(overrides)}): {title}")
+    print_table(rows, columns)
+    if notes:
+        print(notes)
+    write_json(args.json, {"preset": args.preset, "overrides": overrides, "machine": machine(), "rows": rows})
+    return 0
 
 
 def interleaved_seconds(runners: dict[str, Callable[[int], None]], steps: int, repeats: int,

@@ -1,7 +1,7 @@
 """Step time of the engine's train step, and of the same ViT hand-written in Flax NNX and in PyTorch.
 
     python bench/step.py --preset mars-b16 [--mesh SPEC] [--set KEY=VALUE ...] [--json FILE]
-    python bench/step.py --compare tiny|vit-ti [--precision float32|bfloat16] [--json FILE]
+    python bench/step.py --compare tiny|vit-ti [--precision float32[,bfloat16,fp8]] [--json FILE]
 
 `--preset`: compile time, median step time over repeats after warm-up (block_until_ready),
 images/s, model FLOPs per device, achieved FLOP/s and MFU where the device's peak is known; and,
@@ -10,6 +10,8 @@ per step, as before) against fetching them every `run.log_every` steps.
 `--compare`: the engine's step (ViTClassifier, the engine's optimizer and `make_train_step` on a
 one-device mesh) beside a minimal hand-written Flax NNX step of the same shape (the floor for
 framework overhead) and, where torch is installed, PyTorch eager, interleaved; ratios printed.
+With several precisions (comma-separated), the engine's step in each, interleaved, without the
+baselines (they are float32).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import numpy as np
 from common import block, interleaved_seconds, machine, median, print_table, random_images, write_json
 from flax import nnx
 from triskele.mesh import host_to_global, make_mesh, process_rows
-from triskele.mesh.cost import MeshShape, train_flops
+from triskele.mesh.cost import train_flops
 from triskele.mesh.hardware import peak_flops
+from triskele.mesh.spec import MeshSpec
 from triskele.models.vit import ViTClassifier, ViTConfig
 from triskele.train.config import OptimConfig, make_config
 from triskele.train.costs import compile_train_step, measure, model_shape
@@ -32,7 +35,7 @@ from triskele.train.optim import make_optimizer
 from triskele.train.run import prepare
 from triskele.train.state import init_state, state_shardings
 from triskele.train.step import batch_shardings_of, make_train_step
-from triskele.train.tasks import matmul_dtype
+from triskele.train.tasks import compute_dtype, matmul_dtype
 
 SHAPES = {
     "tiny": ({"width": 192, "depth": 6, "mlp_dim": 768, "heads": 3, "patch": 8, "image_size": 64, "channels": 3}, 32),
@@ -53,7 +56,7 @@ def preset_bench(args) -> dict:
     state = parts.init_state()
     measured = measure(compiled, mesh)
     shape = model_shape(parts)
-    model_flops = train_flops(shape, batch_size).per_device(MeshShape.of(dict(mesh.shape)))
+    model_flops = train_flops(shape, batch_size).per_device(MeshSpec.parse(dict(mesh.shape)))
     holder = {"state": state}
     log_every = config.run.log_every
 
@@ -91,7 +94,7 @@ def preset_bench(args) -> dict:
 
 
 def triskele_runner(shape: dict, batch: int, precision: str):
-    cfg = ViTConfig(**shape, dtype=precision)
+    cfg = ViTConfig(**shape, dtype=compute_dtype(precision), fp8=precision == "fp8")
     build = lambda: ViTClassifier(cfg, CLASSES, rngs=nnx.Rngs(params=0))
     mesh = make_mesh("data=1", devices=jax.devices()[:1])
     optim = OptimConfig(warmup_steps=0)
@@ -150,19 +153,25 @@ def torch_runner(shape: dict, batch: int):
 
 def compare_bench(args) -> dict:
     shape, batch = SHAPES[args.compare]
-    runners = {"triskele": triskele_runner(shape, batch, args.precision),
-               "flax_nnx_handwritten": handwritten_runner(shape, batch, "float32")}
-    try:
-        runners["pytorch_eager"] = torch_runner(shape, batch)
-    except ImportError:
-        print("torch is not installed: PyTorch column skipped (pip install torch==2.13.0)", file=sys.stderr)
+    precisions = args.precision.split(",")
+    runners = {f"triskele {p}" if len(precisions) > 1 else "triskele": triskele_runner(shape, batch, p)
+               for p in precisions}
+    if len(precisions) == 1:
+        runners["flax_nnx_handwritten"] = handwritten_runner(shape, batch, "float32")
+        try:
+            runners["pytorch_eager"] = torch_runner(shape, batch)
+        except ImportError:
+            print("torch is not installed: PyTorch column skipped (pip install torch==2.13.0)", file=sys.stderr)
     times = interleaved_seconds(runners, args.steps, args.repeats)
-    base = median(times["triskele"])
+    base, best = median(next(iter(times.values()))), min(next(iter(times.values())))
     rows = [{"implementation": name, "step_ms": 1e3 * median(t), "images_per_s": batch / median(t),
-             "triskele_throughput_ratio": median(t) / base} for name, t in times.items()]
+             "triskele_throughput_ratio": median(t) / base, "best_step_ms": 1e3 * min(t),
+             "best_ratio": min(t) / best} for name, t in times.items()]
     print(f"shape {args.compare}: {shape}, batch {batch}, triskele in {args.precision}, {machine()['device_kind']}")
-    print("triskele_throughput_ratio = other's step time / triskele's (>= 1: triskele is at least as fast)")
-    print_table(rows, ["implementation", "step_ms", "images_per_s", "triskele_throughput_ratio"])
+    print(f"triskele_throughput_ratio = other's median step time / {next(iter(times))}'s (>= 1: at least as "
+          "fast); best_ratio: the same with each one's fastest round")
+    print_table(rows, ["implementation", "step_ms", "images_per_s", "triskele_throughput_ratio", "best_step_ms",
+                       "best_ratio"])
     return {"mode": "compare", "shape": args.compare, "dims": shape, "batch": batch, "precision": args.precision,
             "machine": machine(), "rows": rows, "samples": times}
 
@@ -174,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--compare", choices=sorted(SHAPES), help="side by side with hand-written Flax and PyTorch")
     parser.add_argument("--mesh", help="mesh spec (default: every device on data)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    parser.add_argument("--precision", default="float32", help="triskele's compute dtype in --compare")
+    parser.add_argument("--precision", default="float32",
+                        help="triskele's precision in --compare: float32, bfloat16, fp8, or several comma-separated")
     parser.add_argument("--steps", type=int, default=5, help="steps per timed round")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds (the median is reported)")
     parser.add_argument("--json", help="write the results here")

@@ -56,6 +56,6 @@ def make_step(shape: dict, classes: int, lr: float = 1e-3):
         loss = F.cross_entropy(model(images), labels)
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return float(loss.detach())
 
     return step

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from triskele.mesh.spec import MeshSpec
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
@@ -55,29 +57,6 @@ def block_forward_flops(shape: ModelShape) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshShape:
-    pipeline: int = 1
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
-
-    @classmethod
-    def of(cls, sizes: dict[str, int]) -> MeshShape:
-        return cls(**{k: int(v) for k, v in sizes.items() if k in ("pipeline", "data", "fsdp", "tensor")})
-
-    @property
-    def devices(self) -> int:
-        return self.pipeline * self.data * self.fsdp * self.tensor
-
-    @property
-    def batch_shards(self) -> int:
-        return self.data * self.fsdp
-
-    def __str__(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in dataclasses.asdict(self).items() if v > 1) or "data=1"
-
-
-@dataclasses.dataclass(frozen=True)
 class StepFlops:
     """FLOPs of a step, split by how a mesh divides them."""
 
@@ -92,12 +71,12 @@ class StepFlops:
     def total(self) -> float:
         return self.blocks + self.split + self.replicated
 
-    def per_device(self, mesh: MeshShape) -> float:
+    def per_device(self, mesh: MeshSpec) -> float:
         """Model FLOPs per device (what MFU counts)."""
         return (self.blocks / mesh.devices + self.split / (mesh.batch_shards * mesh.tensor)
                 + self.replicated / mesh.batch_shards)
 
-    def executed_per_device(self, mesh: MeshShape, microbatches: int = 1, repeats: int = 1,
+    def executed_per_device(self, mesh: MeshSpec, microbatches: int = 1, repeats: int = 1,
                             remat: str = "dots") -> float:
         """FLOPs a device executes: `full` remat runs each block's forward twice (the other policies
         keep every matmul output), and the pipeline runs every stage in every iteration."""
@@ -187,7 +166,7 @@ class StepCollectives:
 
 def step_collectives(
     shape: ModelShape,
-    mesh: MeshShape,
+    mesh: MeshSpec,
     global_batch: int,
     params: ParamBytes,
     activation_bytes: int,
@@ -253,7 +232,7 @@ class StepMemory:
 
 def step_memory(
     shape: ModelShape,
-    mesh: MeshShape,
+    mesh: MeshSpec,
     global_batch: int,
     params: ParamBytes,
     activation_bytes: int,
@@ -276,7 +255,3 @@ def step_memory(
         optimizer=optimizer_moments * params.local,
         activations=activations,
     )
-
-
-def pipeline_bubble(mesh: MeshShape, microbatches: int, repeats: int) -> float:
-    return bubble_fraction(mesh.pipeline, repeats, microbatches) if mesh.pipeline > 1 else 0.0

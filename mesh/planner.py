@@ -18,7 +18,6 @@ import itertools
 from collections.abc import Callable
 
 from triskele.mesh.cost import (
-    MeshShape,
     ModelShape,
     ParamBytes,
     StepMemory,
@@ -28,6 +27,7 @@ from triskele.mesh.cost import (
     train_flops,
 )
 from triskele.mesh.hardware import Gpu
+from triskele.mesh.spec import MeshSpec
 
 REMAT_ORDER = ("none", "dots", "full")
 BACKWARD_SHARE = 2 / 3
@@ -53,9 +53,9 @@ class PlanInputs:
     """The compute dtype (its peak and activation size): float32, bfloat16 or fp8."""
     efficiency: float = 0.5
     """Share of peak FLOP/s the matmuls reach."""
-    param_bytes: Callable[[MeshShape], ParamBytes] | None = None
+    param_bytes: Callable[[MeshSpec], ParamBytes] | None = None
     """A device's share of the parameters on a mesh (from the model's logical axis names)."""
-    validate: Callable[[MeshShape, int, int], str | None] | None = None
+    validate: Callable[[MeshSpec, int, int], str | None] | None = None
     """(mesh, microbatches, repeats) -> an error message, or None when the run would accept it."""
     memory_bytes: float | None = None
     """GPU memory to plan for (default: the GPU's)."""
@@ -67,7 +67,7 @@ class PlanInputs:
 
 @dataclasses.dataclass
 class Candidate:
-    mesh: MeshShape
+    mesh: MeshSpec
     microbatches: int
     repeats: int
     remat: str
@@ -98,16 +98,16 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def meshes(devices: int) -> list[MeshShape]:
+def meshes(devices: int) -> list[MeshSpec]:
     """Every (pipeline, data, fsdp, tensor) whose product is `devices`."""
     out = []
     for pipeline, data, fsdp in itertools.product(divisors(devices), repeat=3):
         if devices % (pipeline * data * fsdp) == 0:
-            out.append(MeshShape(pipeline, data, fsdp, devices // (pipeline * data * fsdp)))
+            out.append(MeshSpec(pipeline, data, fsdp, devices // (pipeline * data * fsdp)))
     return out
 
 
-def axis_bandwidth(mesh: MeshShape, axis: str, inputs: PlanInputs) -> float:
+def axis_bandwidth(mesh: MeshSpec, axis: str, inputs: PlanInputs) -> float:
     """NVLink when the axis's groups stay inside an NVLink domain, else the network. Devices are
     numbered with `tensor` innermost, then fsdp, data, pipeline (as `make_mesh` lays them out)."""
     order = ("tensor", "fsdp", "data", "pipeline")
@@ -121,14 +121,14 @@ def axis_bandwidth(mesh: MeshShape, axis: str, inputs: PlanInputs) -> float:
     raise ValueError(f"unknown mesh axis {axis!r}")
 
 
-def schedules(mesh: MeshShape, inputs: PlanInputs) -> list[tuple[int, int]]:
+def schedules(mesh: MeshSpec, inputs: PlanInputs) -> list[tuple[int, int]]:
     """(microbatches, repeats) to try: 1, 1 without a pipeline; else M in P, 2P, 4P, 8P and v in 1, 2."""
     if mesh.pipeline == 1:
         return [(1, 1)]
     return [(m * mesh.pipeline, v) for m in (1, 2, 4, 8) for v in (1, 2)]
 
 
-def evaluate(inputs: PlanInputs, mesh: MeshShape, microbatches: int, repeats: int, remat: str) -> Candidate:
+def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str) -> Candidate:
     shape, batch = inputs.shape, inputs.global_batch
     params = inputs.param_bytes(mesh)
     act = inputs.activation_bytes
@@ -213,11 +213,11 @@ def explain(best: Candidate, inputs: PlanInputs) -> list[str]:
     return lines
 
 
-SCALING_FAMILIES: dict[str, Callable[[int, int], MeshShape | None]] = {
-    "data": lambda n, t: MeshShape(data=n),
-    "fsdp": lambda n, t: MeshShape(fsdp=n),
-    "tensor in node + data": lambda n, t: MeshShape(data=n // t, tensor=t) if n % t == 0 else None,
-    "fsdp in node + data": lambda n, t: MeshShape(data=n // t, fsdp=t) if n % t == 0 else None,
+SCALING_FAMILIES: dict[str, Callable[[int, int], MeshSpec | None]] = {
+    "data": lambda n, t: MeshSpec(data=n),
+    "fsdp": lambda n, t: MeshSpec(fsdp=n),
+    "tensor in node + data": lambda n, t: MeshSpec(data=n // t, tensor=t) if n % t == 0 else None,
+    "fsdp in node + data": lambda n, t: MeshSpec(data=n // t, fsdp=t) if n % t == 0 else None,
 }
 """Parallelism choices for the scaling table: (devices, GPUs per node) -> mesh."""
 
@@ -250,7 +250,7 @@ def scaling(make_inputs: Callable[[int], PlanInputs], device_counts: list[int]) 
     return rows
 
 
-def _best_for_mesh(inputs: PlanInputs, mesh: MeshShape) -> Candidate | None:
+def _best_for_mesh(inputs: PlanInputs, mesh: MeshSpec) -> Candidate | None:
     if inputs.validate is not None and inputs.validate(mesh, 1, 1):
         return None
     options = [evaluate(inputs, mesh, 1, 1, remat) for remat in REMAT_ORDER]

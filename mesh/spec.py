@@ -57,6 +57,16 @@ class MeshSpec:
     def sizes(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in MESH_AXES}
 
+    @property
+    def devices(self) -> int:
+        """Devices of a resolved spec (no -1)."""
+        return math.prod(self.sizes().values())
+
+    @property
+    def batch_shards(self) -> int:
+        """How many ways the batch is split: data x fsdp."""
+        return self.data * self.fsdp
+
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.sizes().items() if v != 1) or "data=1"
 

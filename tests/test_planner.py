@@ -1,14 +1,13 @@
 """The mesh planner's formulas against XLA's compiled step, its choices, and its command line."""
 
 import json
-import math
 
 import pytest
 from conftest import relative_error
-from triskele.mesh.cost import MeshShape
 from triskele.mesh.planner import candidates, evaluate
+from triskele.mesh.spec import MeshSpec
 from triskele.train.config import make_config
-from triskele.train.costs import compile_train_step, example_batch, measure
+from triskele.train.costs import compile_train_step, example_batch, measure, state_bytes
 from triskele.train.plan import abstract_mesh, plan_inputs
 from triskele.train.plan import main as plan_main
 from triskele.train.run import prepare
@@ -25,8 +24,7 @@ def compiled_costs(config, spec):
     batch = example_batch(parts)
     compiled, _ = compile_train_step(parts, batch)
     measured = measure(compiled, parts.mesh)
-    batch_bytes = sum(math.prod(v.sharding.shard_shape(v.shape)) * v.dtype.itemsize for v in batch.values())
-    return measured, measured.memory["argument"] - batch_bytes
+    return measured, state_bytes(measured, batch)
 
 
 @pytest.mark.parametrize("spec", ["data=8", "tensor=8", "data=2,fsdp=2,tensor=2", "pipeline=2,data=4"])
@@ -34,7 +32,7 @@ def compiled_costs(config, spec):
 def test_predictions_agree_with_the_compiled_step(spec, remat, devices):
     config = make_config("mars-l16", [*SMALL_L, f"model.remat={remat}"])
     inputs = plan_inputs(config, "h200", 8, nodes=1)
-    mesh = MeshShape.of(_sizes(spec))
+    mesh = MeshSpec.parse(_sizes(spec))
     predicted = evaluate(inputs, mesh, config.pipeline.microbatches if mesh.pipeline > 1 else 1, 1, remat)
     measured, state_bytes = compiled_costs(config, spec)
     assert relative_error(predicted.executed_flops, measured.program.flops) < 0.1
@@ -68,7 +66,7 @@ def test_one_node_and_a_model_that_fits_takes_no_pipeline():
 def test_a_model_too_big_for_data_parallelism_alone_gets_fsdp_or_tensor():
     config = make_config("mars-l16", ["data.global_batch=64"])
     inputs = plan_inputs(config, "h100", 8, nodes=1, memory_gb=4.0)
-    data_only = evaluate(inputs, MeshShape(data=8), 1, 1, "full")
+    data_only = evaluate(inputs, MeshSpec(data=8), 1, 1, "full")
     assert not data_only.fits, "the test needs a model whose replicated state exceeds 4 GB"
     best = candidates(inputs)[0]
     assert best.fits and (best.mesh.fsdp > 1 or best.mesh.tensor > 1)

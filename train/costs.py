@@ -5,6 +5,7 @@ memory), side by side. The log's MFU, the benches and the planner's tests all co
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -12,10 +13,11 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
-from triskele.mesh.cost import MeshShape, ModelShape, ParamBytes, step_collectives, step_memory, train_flops
+from triskele.mesh.cost import ModelShape, ParamBytes, step_collectives, step_memory, train_flops
 from triskele.mesh.hardware import peak_flops
 from triskele.mesh.hlo import ProgramCost, program_cost
 from triskele.mesh.logical import param_bytes
+from triskele.mesh.spec import MeshSpec
 from triskele.train.run import RunParts
 from triskele.train.step import batch_shardings_of, make_train_step
 from triskele.train.tasks import compute_dtype, matmul_dtype
@@ -49,7 +51,7 @@ def predict(parts: RunParts, mesh: Mesh | jax.sharding.AbstractMesh | None = Non
     """The formulas for the run's model and mesh (default the run's own)."""
     mesh = parts.mesh if mesh is None else mesh
     config = parts.config
-    shape, sizes = model_shape(parts), MeshShape.of(dict(mesh.shape))
+    shape, sizes = model_shape(parts), MeshSpec.parse(dict(mesh.shape))
     flops = train_flops(shape, config.data.global_batch)
     pipeline = config.pipeline
     params = param_bytes(abstract_params(parts), mesh)
@@ -97,6 +99,16 @@ class Measurement:
     program: ProgramCost
     memory: dict[str, float]
     """From `compiled.memory_analysis()`: argument, output, temporary and aliased bytes per device."""
+
+
+def batch_bytes_per_device(batch: dict[str, Any]) -> float:
+    """Bytes of one device's shard of a batch (arrays or ShapeDtypeStructs with shardings)."""
+    return float(sum(math.prod(v.sharding.shard_shape(v.shape)) * np.dtype(v.dtype).itemsize for v in batch.values()))
+
+
+def state_bytes(measurement: Measurement, batch: dict[str, Any]) -> float:
+    """The compiled step's argument bytes less the batch: parameters, optimizer state, step counter."""
+    return measurement.memory["argument"] - batch_bytes_per_device(batch)
 
 
 def measure(compiled, mesh: Mesh) -> Measurement:

@@ -15,11 +15,10 @@ from pathlib import Path
 
 from flax import nnx
 from jax.sharding import AbstractMesh
-from triskele.mesh.cost import MeshShape
 from triskele.mesh.hardware import GPUS, get_gpu
 from triskele.mesh.logical import param_bytes
 from triskele.mesh.planner import PlanInputs, candidates, explain, scaling
-from triskele.mesh.spec import MESH_AXES
+from triskele.mesh.spec import MESH_AXES, MeshSpec
 from triskele.train.config import PRESETS, Config, make_config
 from triskele.train.tasks import get_task
 from triskele.train.validate import validate
@@ -27,7 +26,7 @@ from triskele.train.validate import validate
 SCALING_DEVICES = [8, 16, 32, 64, 128, 256, 512, 1024]
 
 
-def abstract_mesh(mesh: MeshShape) -> AbstractMesh:
+def abstract_mesh(mesh: MeshSpec) -> AbstractMesh:
     return AbstractMesh(tuple(getattr(mesh, a) for a in MESH_AXES), MESH_AXES)
 
 
@@ -44,14 +43,14 @@ def plan_inputs(config: Config, gpu_name: str, devices: int, nodes: int | None =
     task = get_task(config.domain)
     model = nnx.eval_shape(lambda: task.build_model(config, nnx.Rngs(params=0), 1))
     params = nnx.state(model, nnx.Param)
-    layouts: dict[MeshShape, object] = {}
+    layouts: dict[MeshSpec, object] = {}
 
-    def bytes_on(mesh: MeshShape):
+    def bytes_on(mesh: MeshSpec):
         if mesh not in layouts:
             layouts[mesh] = param_bytes(params, abstract_mesh(mesh))
         return layouts[mesh]
 
-    def check(mesh: MeshShape, microbatches: int, repeats: int) -> str | None:
+    def check(mesh: MeshSpec, microbatches: int, repeats: int) -> str | None:
         trial = dataclasses.replace(config, pipeline=dataclasses.replace(
             config.pipeline, microbatches=microbatches, repeats=repeats), mesh=str(mesh))
         try:
