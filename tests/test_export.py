@@ -15,6 +15,8 @@ from triskele.eval.export import export_model
 from triskele.eval.predict import LiveModel
 from triskele.train.run import restore_run
 
+pytestmark = pytest.mark.xdist_group("domain_runs")  # shares a session fixture: one worker runs them
+
 INPUTS = {"mars": (32, 32, 1), "deepfake": (32, 32, 3), "merch": (32, 32, 3)}
 
 

@@ -18,6 +18,8 @@ from triskele.train.state import abstract_state
 from triskele.train.step import make_train_step
 from triskele.train.tasks import fp8_note
 
+pytestmark = pytest.mark.xdist_group("mars_precision_runs")  # shares a session fixture: one worker runs them
+
 # Rounding to a format with m mantissa bits errs by at most half an ulp, 2^-(m+1) of the value, and
 # by 2^-(m+1)/sqrt(3) in RMS for values spread over a binade; independent errors of the two
 # operands add in quadrature. e4m3: m = 3, e5m2: m = 2.

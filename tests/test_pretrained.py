@@ -35,6 +35,10 @@ def max_relative_difference(a, b) -> float:
 def imported(path, image_size: int, channels: int = 3, norm_eps: float = 1e-6, **sizes):
     """Our ViT with the file's weights: a function of NCHW images giving the final-normed tokens."""
     cfg = ViTConfig(**{**SMALL, **sizes}, image_size=image_size, channels=channels, norm_eps=norm_eps)
+    return imported_into(cfg, path)
+
+
+def imported_into(cfg: ViTConfig, path):
     graphdef, params = nnx.split(ViT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     state = load_pretrained(TrainState(jnp.zeros(()), {"backbone": nnx.to_pure_dict(params)}, {}), cfg, path,
                             verbose=False)
@@ -51,6 +55,24 @@ def test_timm_file_matches_timm_at_native_larger_and_smaller_sizes(size):
 def test_grayscale_model_sums_the_rgb_patch_filters_as_timm_does():
     tokens = imported(FIXTURES / "timm_vit.safetensors", 32, channels=1)(REFERENCE["images_gray"])
     assert max_relative_difference(tokens, REFERENCE["timm_gray"]) < TOLERANCE
+
+
+def test_the_stacked_layout_of_pipeline_repeats_takes_the_same_weights():
+    """With pipeline.repeats=2 the blocks are stacked (repeats, layers / repeats); the import fills them."""
+    cfg = ViTConfig(**SMALL, image_size=32, pipeline_repeats=2)
+    tokens = imported_into(cfg, FIXTURES / "timm_vit.safetensors")(REFERENCE["images_32"])
+    assert max_relative_difference(tokens, REFERENCE["timm_32"]) < TOLERANCE
+
+
+def test_an_average_pooling_model_leaves_the_class_token_out():
+    cfg = ViTConfig(**SMALL, image_size=32, pool="gap")
+    graphdef, params = nnx.split(ViT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    state = load_pretrained(TrainState(jnp.zeros(()), {"backbone": nnx.to_pure_dict(params)}, {}), cfg,
+                            FIXTURES / "timm_vit.safetensors", verbose=False)
+    backbone = state.params["backbone"]
+    assert "cls_token" not in backbone
+    stored = SafetensorsFile(FIXTURES / "timm_vit.safetensors").get("pos_embed")
+    np.testing.assert_array_equal(np.asarray(backbone["pos_embed"]), stored[:, 1:])
 
 
 @pytest.mark.parametrize("name, size, reference", [

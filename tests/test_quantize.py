@@ -13,6 +13,8 @@ from triskele.models.quantize import E2M1_VALUES, dequantize, quantize, unpack_f
 from triskele.train import make_config, train
 from triskele.train.config import config_from_dict
 
+pytestmark = pytest.mark.xdist_group("mars_precision_runs")  # shares a session fixture: one worker runs them
+
 MIOU_TOLERANCE = {"int8": 0.02, "fp8": 0.02, "fp4": 0.05}
 
 

@@ -10,6 +10,8 @@ from PIL import Image
 from trainutil import run, step_records
 from triskele.train.cli import main as train_main
 
+pytestmark = pytest.mark.xdist_group("domain_runs")  # shares a session fixture: one worker runs them
+
 
 def evaluations(workdir):
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
