@@ -45,9 +45,14 @@ class ModelShape:
         return self.patches + int(self.class_token)
 
 
+def schedule_iterations(stages: int, repeats: int, microbatches: int) -> int:
+    """Iterations of the circular pipeline schedule: v * M microbatch passes plus P - 1 to fill it."""
+    return repeats * microbatches + stages - 1
+
+
 def bubble_fraction(stages: int, repeats: int, microbatches: int) -> float:
     """Idle share of the circular pipeline schedule: (P - 1) / (v * M + P - 1)."""
-    return (stages - 1) / (repeats * microbatches + stages - 1)
+    return (stages - 1) / schedule_iterations(stages, repeats, microbatches)
 
 
 def block_forward_flops(shape: ModelShape) -> float:
@@ -82,7 +87,7 @@ class StepFlops:
         keep every matmul output), and the pipeline runs every stage in every iteration."""
         blocks = self.blocks / mesh.devices * (4 / 3 if remat == "full" else 1.0)
         if mesh.pipeline > 1:
-            blocks *= (repeats * microbatches + mesh.pipeline - 1) / (repeats * microbatches)
+            blocks *= schedule_iterations(mesh.pipeline, repeats, microbatches) / (repeats * microbatches)
         return self.per_device(mesh) - self.blocks / mesh.devices + blocks
 
 
@@ -182,8 +187,7 @@ def step_collectives(
     head_out = all_gather(mesh.tensor, records_local * shape.head_split_outputs * activation_bytes)
     permute = broadcast = 0.0
     if mesh.pipeline > 1:
-        iterations = repeats * microbatches + mesh.pipeline - 1
-        permute = 2.0 * iterations * activation / microbatches
+        permute = 2.0 * schedule_iterations(mesh.pipeline, repeats, microbatches) * activation / microbatches
         broadcast = 2.0 * ring_all_reduce(mesh.pipeline, activation)
     gathered = params.blocks_fsdp_gathered + params.other_fsdp_gathered
     return StepCollectives(

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
-from triskele.mesh.cost import bubble_fraction  # noqa: F401 (part of this module's API)
+from triskele.mesh.cost import schedule_iterations
 from triskele.mesh.logical import UNCONSTRAINED, constrain
 
 
@@ -112,6 +112,6 @@ def circular_pipeline(
     mb_shape = (x.shape[0] // microbatches, *rest)
     state = constrain(jnp.zeros((stages, *mb_shape), x.dtype), "stage", "batch", *trailing)
     buffers = per_stage_buffer(jnp.zeros((stages, microbatches, *mb_shape), x.dtype))
-    total = repeats * microbatches + stages - 1
+    total = schedule_iterations(stages, repeats, microbatches)
     (_, _, outputs), _ = jax.lax.scan(iteration, (state, buffers, buffers), jnp.arange(total))
     return outputs[0].swapaxes(0, 1).reshape(x.shape)  # stage 0's buffer holds the finished microbatches

@@ -12,10 +12,8 @@ from conftest import relative_error
 from trainutil import run, step_records
 from triskele.models.fp8 import E4M3_MAX, fp8_dot
 from triskele.train import make_config
-from triskele.train.costs import example_batch
+from triskele.train.costs import lower_train_step
 from triskele.train.run import prepare
-from triskele.train.state import abstract_state
-from triskele.train.step import make_train_step
 from triskele.train.tasks import fp8_note
 
 pytestmark = pytest.mark.xdist_group("mars_precision_runs")  # shares a session fixture: one worker runs them
@@ -66,12 +64,7 @@ def test_fp8_matmul_of_zeros_and_of_values_beyond_the_e4m3_range_is_finite():
 
 def lowered_train_step(precision: str) -> str:
     config = make_config("mars-tiny", {"precision": precision, "model.image_size": 32})
-    parts = prepare(config)
-    batch = example_batch(parts)
-    step = make_train_step(parts.graphdef, parts.tx, parts.schedule, 1, parts.shardings,
-                           {k: v.sharding for k, v in batch.items()}, parts.mesh)
-    with jax.set_mesh(parts.mesh):
-        return step.lower(abstract_state(parts.build_model, parts.tx, parts.shardings), batch).as_text()
+    return lower_train_step(prepare(config)).as_text()
 
 
 def test_the_fp8_train_step_lowers_to_fp8_dot_generals_and_bfloat16_to_none(devices):

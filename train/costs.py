@@ -78,19 +78,23 @@ def example_batch(parts: RunParts) -> dict[str, jax.ShapeDtypeStruct]:
     return {k: jax.ShapeDtypeStruct((size, *v.shape), v.dtype, sharding=shardings[k]) for k, v in batch.items()}
 
 
-def compile_train_step(parts: RunParts, batch: dict[str, Any] | None = None):
-    """(the engine's train step compiled for the run's state and a batch like `batch` (arrays or
-    ShapeDtypeStructs with shardings; default `example_batch`), seconds)."""
-    from triskele.train.state import abstract_state
-
+def lower_train_step(parts: RunParts, batch: dict[str, Any] | None = None) -> jax.stages.Lowered:
+    """The engine's train step lowered for the run's state and a batch like `batch` (arrays or
+    ShapeDtypeStructs with shardings; default `example_batch`)."""
     batch = example_batch(parts) if batch is None else batch
-    state = abstract_state(parts.build_model, parts.tx, parts.shardings)
     shardings = {key: value.sharding for key, value in batch.items()}
     step = make_train_step(parts.graphdef, parts.tx, parts.schedule, parts.config.optim.grad_accum, parts.shardings,
                            shardings, parts.mesh, skip_nonfinite=parts.config.run.on_nonfinite == "skip")
-    began = time.perf_counter()
     with jax.set_mesh(parts.mesh):
-        compiled = step.lower(state, batch).compile()
+        return step.lower(parts.abstract_state(), batch)
+
+
+def compile_train_step(parts: RunParts, batch: dict[str, Any] | None = None) -> tuple[jax.stages.Compiled, float]:
+    """(`lower_train_step` compiled, seconds spent lowering and compiling)."""
+    began = time.perf_counter()
+    lowered = lower_train_step(parts, batch)
+    with jax.set_mesh(parts.mesh):
+        compiled = lowered.compile()
     return compiled, time.perf_counter() - began
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
-from triskele.mesh.pipeline import bubble_fraction
+from triskele.mesh.cost import bubble_fraction, schedule_iterations
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.compile_cache import enable_compilation_cache
 from triskele.train.config import Config
@@ -135,7 +135,7 @@ def _pipeline_schedule(parts: RunParts) -> dict[str, float | int]:
         return {}
     repeats, microbatches = parts.config.pipeline.repeats, parts.config.pipeline.microbatches
     return {"stages": stages, "repeats": repeats, "microbatches": microbatches,
-            "iterations": repeats * microbatches + stages - 1,
+            "iterations": schedule_iterations(stages, repeats, microbatches),
             "bubble": bubble_fraction(stages, repeats, microbatches)}
 
 
