@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from flax.traverse_util import flatten_dict
 from trainutil import mesh_of
 from triskele.eval.cli import main as eval_main
 from triskele.models import ViT, ViTConfig
@@ -96,7 +97,7 @@ def test_import_export_import_round_trip_is_bit_exact(tmp_path):
     graphdef, params = nnx.split(ViT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     state = load_pretrained(TrainState(jnp.zeros(()), {"backbone": nnx.to_pure_dict(params)}, {}), cfg,
                             FIXTURES / "timm_vit.safetensors", verbose=False)
-    leaves = {k: np.asarray(v) for k, v in _flat(state.params["backbone"]).items()}
+    leaves = {k: np.asarray(v) for k, v in flatten_dict(state.params["backbone"], sep="/").items()}
     exported = weights_module.to_timm(leaves, cfg.patch, cfg.channels)
     assert set(exported) == set(source.shapes) - {"head.weight", "head.bias"}
     for key, value in exported.items():
@@ -107,13 +108,6 @@ def test_import_export_import_round_trip_is_bit_exact(tmp_path):
     for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(state.params)[0], jax.tree.leaves(again.params),
                             strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
-
-
-def _flat(tree, prefix=""):
-    out = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}{key}/") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return out
 
 
 # Hugging Face: random models built here (no download), compared with transformers itself.
@@ -227,7 +221,7 @@ def _ti_file_leaves(size: str, patch: int, image: int) -> dict[str, np.ndarray]:
     """A random ViT of a named size as our backbone leaves (to write as a timm file)."""
     cfg = ViTConfig.named(size, patch=patch, image_size=image)
     abstract = nnx.eval_shape(lambda: ViT(cfg, rngs=nnx.Rngs(0)))
-    leaves = _flat(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+    leaves = flatten_dict(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)), sep="/")
     rng = np.random.default_rng(0)
     return {k: (0.05 * rng.normal(size=v.shape)).astype(np.float32) for k, v in leaves.items()}
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax.traverse_util import flatten_dict, unflatten_dict
 from triskele.models.vit import VIT_SIZES, ViTConfig
 from triskele.models.weights import (
     BLOCK_LEAVES,
@@ -149,23 +150,6 @@ def backbone_arrays(file: WeightFile, cfg: ViTConfig, fresh: dict[str, np.ndarra
     return arrays
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _set(tree: dict, path: str, value: Any) -> None:
-    *parents, last = path.split("/")
-    for key in parents:
-        tree = tree[key]
-    tree[last] = value
-
-
 def load_pretrained(state: TrainState, cfg: ViTConfig, path: str | Path, verbose: bool = True) -> TrainState:
     """`state` with its `backbone` parameters replaced by the file's, in the same shardings."""
     file = WeightFile(path)
@@ -174,20 +158,20 @@ def load_pretrained(state: TrainState, cfg: ViTConfig, path: str | Path, verbose
     params = state.params
     if "backbone" not in params:
         raise ValueError("model.init_from loads a ViT backbone, but this model has no `backbone`")
-    target = _flat(params["backbone"])
+    target = flatten_dict(params["backbone"], sep="/")
     fresh = {k: np.asarray(jax.device_get(v)) for k, v in target.items() if k in ("pos_embed", "cls_token")}
     arrays = backbone_arrays(file, cfg, fresh)
     missing = sorted(set(target) - set(arrays))
     if missing:
         raise ValueError(f"model.init_from cannot fill backbone parameters {missing}")
-    new_backbone = jax.tree.map(lambda x: x, params["backbone"])
+    placed = {}
     for name, current in target.items():
         host = arrays[name]().astype(current.dtype).reshape(current.shape)  # (repeats, layers) when stacked so
-        _set(new_backbone, name, jax.make_array_from_callback(current.shape, current.sharding,
-                                                              lambda index, host=host: host[index]))
+        placed[name] = jax.make_array_from_callback(current.shape, current.sharding,
+                                                    lambda index, host=host: host[index])
     if verbose and jax.process_index() == 0:
         print(describe(file, cfg, dropped), flush=True)
-    return dataclasses.replace(state, params={**params, "backbone": new_backbone})
+    return dataclasses.replace(state, params={**params, "backbone": unflatten_dict(placed, sep="/")})
 
 
 def describe(file: WeightFile, cfg: ViTConfig, dropped: list[str]) -> str:
