@@ -4,7 +4,6 @@ unreadable records, non-finite steps."""
 import glob
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -175,12 +174,13 @@ def test_a_failed_save_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path)
     train(small_config(**{**CHAIN, "run.steps": 8}), tmp_path, mesh=mesh_of("single"), progress=False,
           stop_after_step=4)
     limit = 64 * 1024  # metrics and logs fit; a checkpoint's array files do not
-
-    def small_files():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    result = subprocess.run(command(tmp_path, steps=8, **{"run.compilation_cache": "off"}), env=child_env(),
-                            preexec_fn=small_files, capture_output=True, text=True, timeout=300)
+    # The child sets its own limit before it runs the CLI (a preexec_fn would fork this
+    # multithreaded JAX process).
+    python, _, module, *args = command(tmp_path, steps=8, **{"run.compilation_cache": "off"})
+    shim = ("import resource, runpy, sys; "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+            f"sys.argv = [{module!r}, *sys.argv[1:]]; runpy.run_module({module!r}, run_name='__main__')")
+    result = subprocess.run([python, "-c", shim, *args], env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     ours = [line for line in result.stderr.splitlines() if line.startswith("error: saving checkpoint step 8")]
     assert ours and "File too large" in ours[0] and "Checkpoints written before it are intact: 4" in ours[0]
