@@ -32,10 +32,10 @@ from triskele.train.config import OptimConfig, make_config
 from triskele.train.costs import compile_train_step, measure, model_shape
 from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.optim import make_optimizer
+from triskele.train.precision import compute_dtype, matmul_dtype
 from triskele.train.run import prepare
 from triskele.train.state import init_state, state_shardings
 from triskele.train.step import batch_shardings_of, make_train_step
-from triskele.train.tasks import compute_dtype, matmul_dtype
 
 SHAPES = {
     "tiny": ({"width": 192, "depth": 6, "mlp_dim": 768, "heads": 3, "patch": 8, "image_size": 64, "channels": 3}, 32),
@@ -50,7 +50,7 @@ def preset_bench(args) -> dict:
     config = make_config(args.preset, overrides)
     parts = prepare(config)
     mesh, batch_size = parts.mesh, config.data.global_batch
-    source = parts.task.open_split(config, "train")
+    source = parts.domain.open_split(config, "train")
     batch = host_to_global(TrainStepLoader(source, batch_size, 0, process_rows(mesh, batch_size))(0), mesh, batch_size)
     compiled, compile_s = compile_train_step(parts, batch)
     state = parts.init_state()

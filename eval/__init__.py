@@ -6,10 +6,10 @@ models); the rest loads on first use.
 
 from triskele.eval.exported import load_exported
 
-__all__ = ["evaluate_checkpoint", "export_model", "load_exported", "metrics_fn", "predict"]
+__all__ = ["evaluate_checkpoint", "export_model", "load_exported", "predict"]
 
 _LAZY = {"evaluate_checkpoint": "triskele.eval.evaluate", "predict": "triskele.eval.evaluate",
-         "metrics_fn": "triskele.eval.domains", "export_model": "triskele.eval.export"}
+         "export_model": "triskele.eval.export"}
 
 
 def __getattr__(name: str):

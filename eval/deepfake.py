@@ -51,11 +51,7 @@ def _videos_in(folder: Path) -> list[tuple[str, list[Path]]]:
     return groups
 
 
-def class_names(config) -> list[str]:
-    return ["real", "fake"]
-
-
-def predict_folder(model, input_dir: Path, output_dir: Path) -> dict[str, Any]:
+def predict_folder(model, input_dir: Path, output_dir: Path, workdir: Path | None = None) -> dict[str, Any]:
     """Writes videos.csv (video, records, fake_probability) and, for the frame model, frames.csv.
     `model`: a LiveModel or an ExportedModel."""
     from triskele.train.data.deepfake import sample_uniformly
@@ -65,7 +61,7 @@ def predict_folder(model, input_dir: Path, output_dir: Path) -> dict[str, Any]:
     clip = meta["frames"]
     rows, inputs = [], []
     for name, frames in _videos_in(Path(input_dir)):
-        chosen = sample_uniformly(frames, meta["frames_per_video"])
+        chosen = sample_uniformly(frames, meta["options"]["frames_per_video"])
         if clip > 1:
             clip_paths = sample_uniformly(chosen, clip)
             if len(clip_paths) < clip:

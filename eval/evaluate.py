@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from triskele.eval.domains import get_domain
 from triskele.eval.exported import load_exported
 from triskele.eval.predict import LiveModel
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
 from triskele.train.data.bad_records import tolerant
-from triskele.train.metrics import DOMAIN_METRICS
+from triskele.train.domains import get_domain
 from triskele.train.run import evaluate_split, restore_run
 
 
@@ -34,10 +33,10 @@ def evaluate_checkpoint(
     if data:
         overrides["data.path"] = data
     if holdout:
-        overrides["data.eval_methods"] = holdout
+        overrides["deepfake.eval_methods"] = holdout
     parts, state, step = restore_run(workdir, make_mesh(mesh or ""), step, overrides)
-    domain = get_domain(parts.config.domain)
-    source = tolerant(parts.task.open_split(parts.config, split), parts.config.data.bad_records, split)
+    domain = parts.domain
+    source = tolerant(parts.domain.open_split(parts.config, split), parts.config.data.bad_records, split)
     totals = evaluate_split(parts, state.params, source)
     out_dir = workdir / "eval" / str(step)
     report = {
@@ -51,11 +50,11 @@ def evaluate_checkpoint(
         "mesh": {k: int(v) for k, v in parts.mesh.shape.items()},
         "format": parts.config.model.quantization or "float32",
         "weight_bytes": weight_bytes(state.params),
-        "metrics": DOMAIN_METRICS[parts.config.domain](totals),
+        "metrics": domain.metrics(totals),
     }
     if jax.process_index() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        report["files"] = domain.write_artifacts(parts, state.params, source, totals, out_dir)
+        report["files"] = domain.evaluator().write_artifacts(parts, state.params, source, totals, out_dir)
         (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     report["report"] = str(out_dir / "report.json")
     return report
@@ -64,7 +63,7 @@ def evaluate_checkpoint(
 def predict(workdir: str | Path | None, input_dir: str | Path, output_dir: str | Path, mesh: str | None = None,
             step: int | None = None, exported: str | Path | None = None) -> dict[str, Any]:
     """Predicts a folder with a checkpoint of `workdir`, or with an `exported` model (then `workdir`,
-    if given, is only where a merch gallery index is looked for)."""
+    if given, is only where a domain looks for what it keeps beside the run, e.g. merch's gallery index)."""
     if exported is not None:
         model = load_exported(exported)
     elif workdir is None:
@@ -72,11 +71,8 @@ def predict(workdir: str | Path | None, input_dir: str | Path, output_dir: str |
     else:
         parts, state, _ = restore_run(Path(workdir), make_mesh(mesh or ""), step)
         model = LiveModel(parts, state.params)
-    domain = model.meta["domain"]
-    if domain == "merch":
-        gallery = Path(workdir) if workdir is not None else None
-        return get_domain(domain).predict_folder(model, Path(input_dir), Path(output_dir), gallery)
-    return get_domain(domain).predict_folder(model, Path(input_dir), Path(output_dir))
+    evaluator = get_domain(model.meta["domain"]).evaluator()
+    return evaluator.predict_folder(model, Path(input_dir), Path(output_dir), Path(workdir) if workdir else None)
 
 
 def build_gallery(workdir: str | Path, input_dir: str | Path, mesh: str | None = None,
@@ -85,4 +81,4 @@ def build_gallery(workdir: str | Path, input_dir: str | Path, mesh: str | None =
     parts, state, _ = restore_run(Path(workdir), make_mesh(mesh or ""), step)
     if parts.config.domain != "merch":
         raise ValueError(f"a gallery index is for merch runs; {workdir} trained {parts.config.domain!r}")
-    return get_domain("merch").build_gallery(LiveModel(parts, state.params), Path(input_dir), Path(workdir))
+    return parts.domain.evaluator().build_gallery(LiveModel(parts, state.params), Path(input_dir), Path(workdir))

@@ -20,13 +20,8 @@ from flax import nnx
 from triskele.eval.exported import EXPORT_FORMAT, EXPORT_VERSION, sidecar_path
 from triskele.eval.predict import model_meta
 from triskele.mesh import make_mesh
+from triskele.models.preprocess import describe_input
 from triskele.train.run import restore_run
-
-NORMALISATION = {
-    "mars": "grayscale pixels in [0, 1], centre square resized to the input size; standardized per image inside",
-    "deepfake": "RGB pixels in [0, 1] (face crops); (x - 0.5) / 0.25 inside",
-    "merch": "RGB pixels in [0, 1] (product crops); (x - 0.5) / 0.25 inside",
-}
 
 
 def parse_batch(text: str | int) -> int | None:
@@ -64,7 +59,7 @@ def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dy
                for name, aval in structure.items()}
     sidecar = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, **meta,
                "input_shape": [batch_size, *per_record], "input_dtype": "float32",
-               "normalisation": NORMALISATION[meta["domain"]], "outputs": outputs,
+               "normalisation": describe_input(channels, model.normalisation), "outputs": outputs,
                "platforms": list(exported.platforms), "jax": jax.__version__, "source": str(Path(workdir).absolute()),
                "step": step, "sha256": hashlib.sha256(payload).hexdigest()}
     sidecar_path(output).write_text(json.dumps(sidecar, indent=2) + "\n")

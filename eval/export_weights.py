@@ -9,9 +9,9 @@ import jax
 import numpy as np
 from triskele.mesh import make_mesh
 from triskele.models.weights import to_timm
+from triskele.train.backbone import vit_config
 from triskele.train.run import restore_run
 from triskele.train.safetensors import write_safetensors
-from triskele.train.tasks import vit_config
 
 EXPORT_FORMATS = ("timm",)
 

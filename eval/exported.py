@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 EXPORT_FORMAT = "triskele-export"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
+"""2: the domain's options (e.g. deepfake frames_per_video) under `options`."""
 
 
 def sidecar_path(path: str | Path) -> Path:

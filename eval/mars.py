@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from triskele.train.data.mars import CLASS_NAMES
+from triskele.models.mars import CLASS_NAMES
 
 # Display colours: soil, bedrock, sand, big rock; ignored pixels black.
 PALETTE = np.array([[170, 120, 80], [120, 120, 130], [235, 200, 110], [200, 40, 40]], np.uint8)
@@ -47,10 +47,6 @@ def overlay(image: np.ndarray, truth: np.ndarray, prediction: np.ndarray) -> np.
         x += 30 + 7 * len(name)
     draw.text((picture.width - 190, y + 1), "image | truth | prediction", fill=(0, 0, 0))
     return np.asarray(picture)
-
-
-def class_names(config) -> list[str]:
-    return list(CLASS_NAMES)
 
 
 def plot_confusion(confusion: np.ndarray, path: Path) -> None:
@@ -93,12 +89,13 @@ def write_artifacts(parts, params, source, totals, out_dir: Path, examples: int 
     return written
 
 
-def predict_folder(model, input_dir: Path, output_dir: Path) -> dict[str, Any]:
+def predict_folder(model, input_dir: Path, output_dir: Path, workdir: Path | None = None) -> dict[str, Any]:
     """One class-index PNG mask (0 soil, 1 bedrock, 2 sand, 3 big rock) per input image, at the
     input's own resolution (centre-square predictions resized back by nearest neighbour).
     `model`: a LiveModel or an ExportedModel."""
     from PIL import Image
-    from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_image, square_crop_box
+    from triskele.models.preprocess import square_crop_box
+    from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_image
 
     paths = sorted(p for p in Path(input_dir).iterdir() if p.suffix in IMAGE_SUFFIXES)
     if not paths:

@@ -39,15 +39,6 @@ def save_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def class_names(config) -> list[str]:
-    """The classifier's class names: training folders on disk, or `sku<i>` and `empty` (synthetic)."""
-    from triskele.train.data.merch import ProductImages
-
-    if config.data.path:
-        return ProductImages(config.data.path, "train", config.model.image_size).classes
-    return [f"sku{i}" for i in range(config.data.num_skus)] + ["empty"]
-
-
 def gallery_path(workdir: Path) -> Path:
     return Path(workdir) / "gallery" / "index.npz"
 

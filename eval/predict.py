@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -13,13 +14,12 @@ from triskele.train.run import RunParts
 
 
 def model_meta(parts: RunParts) -> dict[str, Any]:
-    """What a caller needs to feed the model and read its outputs (also the exported sidecar)."""
-    from triskele.eval.domains import get_domain
-
+    """What a caller needs to feed the model and read its outputs (also the exported sidecar): all
+    from the checkpoint's config, none from the training data."""
     config = parts.config
     return {"domain": config.domain, "image_size": config.model.image_size, "channels": config.model.channels,
-            "frames": config.model.frames, "frames_per_video": config.data.frames_per_video,
-            "class_names": get_domain(config.domain).class_names(config)}
+            "frames": config.model.frames, "options": dataclasses.asdict(config.options),
+            "class_names": list(config.model.class_names)}
 
 
 class LiveModel:

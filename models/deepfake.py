@@ -9,12 +9,8 @@ from flax import nnx
 from triskele.mesh import constrain
 from triskele.mesh.cost import ModelShape
 from triskele.models.layers import Dense, LayerNorm, normal_param
+from triskele.models.preprocess import normalize
 from triskele.models.vit import ViT, ViTConfig
-
-
-def _normalize(images: jax.Array) -> jax.Array:
-    """[0, 1] pixels -> roughly zero mean, unit spread."""
-    return (images.astype(jnp.float32) - 0.5) / 0.25
 
 
 def _patch_fraction(blend: jax.Array, patch: int) -> jax.Array:
@@ -33,6 +29,7 @@ class _BinaryDetector(nnx.Module):
     """
 
     blend_weight = 1.0
+    normalisation = "fixed"
 
     def loss_terms(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         logits, patch_logits = self.logits(batch["image"])
@@ -73,7 +70,7 @@ class FrameDetector(_BinaryDetector):
 
     def logits(self, images: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(image logits (B,), per-patch blend logits (B, patches))."""
-        tokens = self.backbone(_normalize(images))
+        tokens = self.backbone(normalize(images, self.normalisation))
         image_logits = self.head(self.backbone.pool(tokens))[:, 0]
         patch_logits = self.blend_head(self.backbone.patch_tokens(tokens))[..., 0]
         return image_logits.astype(jnp.float32), patch_logits.astype(jnp.float32)
@@ -111,7 +108,7 @@ class VideoDetector(_BinaryDetector):
         if t != self.frames:
             raise ValueError(f"video model expects clips of {self.frames} frames, got {t}")
         frames = clips.reshape(b * t, *clips.shape[2:])
-        tokens = self.backbone(_normalize(frames))
+        tokens = self.backbone(normalize(frames, self.normalisation))
         patch_logits = self.blend_head(self.backbone.patch_tokens(tokens))[..., 0].reshape(b, t, -1)
         embedded = self.backbone.pool(tokens).reshape(b, t, -1)
         embedded = constrain(embedded + self.time_embed[...].astype(embedded.dtype), "batch", "time", "act_embed")

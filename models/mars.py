@@ -8,9 +8,11 @@ from flax import nnx
 from triskele.mesh import constrain
 from triskele.mesh.cost import ModelShape
 from triskele.models.layers import Conv, Dense
+from triskele.models.preprocess import normalize
 from triskele.models.vit import ViT, ViTConfig
 
-NUM_CLASSES = 4
+CLASS_NAMES = ("soil", "bedrock", "sand", "big_rock")
+NUM_CLASSES = len(CLASS_NAMES)
 IGNORE_LABEL = 255
 CLASS_FREQUENCIES = (0.37, 0.50, 0.12, 0.01)
 """Soil, bedrock, sand, big rock: their shares of labelled pixels in AI4Mars."""
@@ -28,6 +30,8 @@ class TerrainSegmenter(nnx.Module):
     branch on the image adds full-resolution texture (grain, ripples, cracks), and a 3x3
     convolution over both gives the logits, with borders sharper than the patch grid.
     """
+
+    normalisation = "per_image"
 
     def __init__(
         self,
@@ -50,10 +54,7 @@ class TerrainSegmenter(nnx.Module):
 
     def __call__(self, images: jax.Array) -> jax.Array:
         cfg = self.cfg
-        images = images.astype(jnp.float32)
-        mean = images.mean(axis=(1, 2, 3), keepdims=True)
-        std = images.std(axis=(1, 2, 3), keepdims=True)
-        images = (images - mean) / (std + 1e-3)
+        images = normalize(images, self.normalisation)
         tokens = self.backbone.patch_tokens(self.backbone(images))
         b, g, p, c = tokens.shape[0], cfg.grid, cfg.patch, self.decoder_channels
         feats = constrain(self.unpatch(tokens), "batch", "length", "act_mlp")

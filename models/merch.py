@@ -8,11 +8,8 @@ import jax.numpy as jnp
 from flax import nnx
 from triskele.mesh.cost import ModelShape
 from triskele.models.layers import Dense, normal_param
+from triskele.models.preprocess import normalize
 from triskele.models.vit import ViT, ViTConfig
-
-
-def _normalize(images: jax.Array) -> jax.Array:
-    return (images.astype(jnp.float32) - 0.5) / 0.25
 
 
 def l2_normalize(x: jax.Array, axis: int = -1) -> jax.Array:
@@ -25,6 +22,8 @@ class SkuRecognizer(nnx.Module):
     The class axis of both heads is named `classes` (sharded over `tensor` for large catalogues).
     CosFace: logits s * (cos(e, w_c) - m [c = label]) over L2-normalised class centres.
     """
+
+    normalisation = "fixed"
 
     def __init__(self, cfg: ViTConfig, num_classes: int, *, embed_dim: int = 128, margin: float = 0.3,
                  scale: float = 24.0, rngs: nnx.Rngs):
@@ -45,7 +44,7 @@ class SkuRecognizer(nnx.Module):
 
     def features(self, images: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(class logits, unit embeddings), both float32."""
-        pooled = self.backbone.pool(self.backbone(_normalize(images)))
+        pooled = self.backbone.pool(self.backbone(normalize(images, self.normalisation)))
         logits = self.classifier(pooled).astype(jnp.float32)
         return logits, l2_normalize(self.embedding(pooled).astype(jnp.float32))
 

@@ -59,7 +59,6 @@ def mars_precision_runs(tmp_path_factory):
     """mars-tiny trained for 300 steps with the same seed in float32, bfloat16 and fp8:
     precision -> (workdir, summary). The float32 run is also the checkpoint that the quantization
     and export tests start from."""
-    from triskele.eval import metrics_fn
     from triskele.mesh import make_mesh
     from triskele.train import make_config, train
 
@@ -67,15 +66,15 @@ def mars_precision_runs(tmp_path_factory):
     for precision in ("float32", "bfloat16", "fp8"):
         workdir = tmp_path_factory.mktemp(f"mars-{precision}")
         config = make_config("mars-tiny", {**PRECISION_RUN, "precision": precision})
-        summary = train(config, workdir, metrics_fn=metrics_fn("mars"), progress=False,
+        summary = train(config, workdir, progress=False,
                         mesh=make_mesh("data=1", devices=jax.devices()[:1]))
         runs[precision] = (workdir, summary)
     return runs
 
 
 DOMAIN_RUN = {"mars": ("miou", {"data.eval_size": 40}),
-              "deepfake": ("auc_frame", {"data.eval_size": 64, "data.frames_per_video": 4}),
-              "merch": ("top1", {"data.eval_size": 300, "data.num_skus": 20})}
+              "deepfake": ("auc_frame", {"data.eval_size": 64, "deepfake.frames_per_video": 4}),
+              "merch": ("top1", {"data.eval_size": 300, "merch.num_skus": 20})}
 """Per domain: the metric its CLI run keeps the best checkpoint by, and its small data settings."""
 
 

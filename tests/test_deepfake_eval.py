@@ -15,7 +15,7 @@ from triskele.models import ViTConfig
 from triskele.models.deepfake import VideoDetector
 from triskele.train import train
 
-FACES = {"data.eval_size": 64, "data.frames_per_video": 4}
+FACES = {"data.eval_size": 64, "deepfake.frames_per_video": 4}
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from trainutil import mesh_of
 from triskele.eval import load_exported
 from triskele.eval.cli import main as eval_main
 from triskele.eval.export import export_model
+from triskele.eval.exported import EXPORT_VERSION
 from triskele.eval.predict import LiveModel
 from triskele.train.run import restore_run
 
@@ -88,7 +89,7 @@ def test_corrupted_or_foreign_export_files_give_clear_errors(exported, tmp_path)
     future = tmp_path / "future.jax"
     future.write_bytes(payload)
     (tmp_path / "future.jax.json").write_text(json.dumps({**sidecar, "version": 99}))
-    with pytest.raises(ValueError, match="version 99; this triskele reads 'triskele-export' version 1"):
+    with pytest.raises(ValueError, match=f"version 99; this triskele reads 'triskele-export' version {EXPORT_VERSION}"):
         load_exported(future)
     garbage = tmp_path / "garbage.jax"
     garbage.write_bytes(b"not a flatbuffer at all")

@@ -137,7 +137,7 @@ def test_grocery_store_layout_and_bad_inputs(tmp_path):
 
 # --- trained model: mesh invariance, eval, predict ---------------------------------------------
 
-SHOP = {"data.train_size": 512, "data.eval_size": 300, "data.num_skus": 20}
+SHOP = {"data.train_size": 512, "data.eval_size": 300, "merch.num_skus": 20}
 
 
 @pytest.fixture(scope="module")

@@ -109,7 +109,7 @@ def test_pipelined_step_permutes_activations_and_never_gathers_the_layer_stack(d
     mesh = mesh_of("pipeline=2,data=4")
     parts = prepare(config, mesh)
     state = parts.init_state()
-    source = parts.task.open_split(config, "train")
+    source = parts.domain.open_split(config, "train")
     batch = host_to_global(TrainStepLoader(source, 32, 0, (0, 32))(0), mesh, 32)
     step = make_train_step(parts.graphdef, parts.tx, parts.schedule, 1, parts.shardings,
                            batch_shardings_of(batch, mesh, 32), mesh)

@@ -13,8 +13,8 @@ from trainutil import run, step_records
 from triskele.models.fp8 import E4M3_MAX, fp8_dot
 from triskele.train import make_config
 from triskele.train.costs import lower_train_step
+from triskele.train.precision import fp8_note
 from triskele.train.run import prepare
-from triskele.train.tasks import fp8_note
 
 pytestmark = pytest.mark.xdist_group("mars_precision_runs")  # shares a session fixture: one worker runs them
 
@@ -104,13 +104,14 @@ def test_low_precision_training_tracks_float32(precision, mars_precision_runs):
 
 def test_fp8_on_eight_devices_agrees_with_one(tmp_path, devices):
     """bfloat16 activations differ across meshes by reduction order (~2^-8 relative), which moves a
-    few values across FP8 rounding steps; over 5 steps the losses agree to 1e-4 and the gradient
-    norms to 1e-2 (measured: 7e-5 and 7e-3)."""
+    few values across FP8 rounding steps; over 5 steps the losses agree to 5e-4 and the gradient
+    norms to 1e-2 (measured: 7e-5 and 7e-3 on one machine, 1.5e-4 and 6.8e-3 on another x86 CPU:
+    gradient norms 0.7% apart move the next losses by about 1e-4, so 1e-4 was too tight a bound)."""
     run(tmp_path / "one", "single", **{"run.steps": 5, "precision": "fp8"})
     run(tmp_path / "eight", "data=8", **{"run.steps": 5, "precision": "fp8"})
     one, eight = step_records(tmp_path / "one"), step_records(tmp_path / "eight")
     assert sorted(one) == sorted(eight) == [1, 2, 3, 4, 5]
     for step in one:
-        assert relative_error(eight[step]["loss"], one[step]["loss"]) < 1e-4
+        assert relative_error(eight[step]["loss"], one[step]["loss"]) < 5e-4
         assert relative_error(eight[step]["grad_norm"], one[step]["grad_norm"]) < 1e-2
     assert one[5]["loss"] < one[1]["loss"]

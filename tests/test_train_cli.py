@@ -12,8 +12,8 @@ import pytest
 from trainutil import SMALL, final_params, mesh_of, small_config
 from triskele.train.cli import main
 from triskele.train.config import make_config
+from triskele.train.domains import get_domain
 from triskele.train.run import evaluate_split, prepare
-from triskele.train.tasks import get_task
 
 SMALL_FLAGS = [arg for key, value in SMALL.items() for arg in ("--set", f"{key}={value}")]
 
@@ -72,7 +72,7 @@ def test_config_errors_name_the_key(args, message, tmp_path, capsys):
 def test_evaluation_counts_every_record_once(devices):
     config = small_config(**{"data.eval_size": 37, "data.global_batch": 16})
     parts = prepare(config, mesh_of("data=8"))
-    source = get_task("mars").open_split(config, "test")
+    source = get_domain("mars").open_split(config, "test")
     totals = evaluate_split(parts, parts.init_state().params, source)
     labels = np.stack([source.load(i)["label"] for i in range(37)])
     labelled = int((labels != 255).sum())

@@ -45,7 +45,7 @@ def test_gradient_accumulation_equals_one_big_step(tmp_path, devices):
     config = small_config()
     parts = prepare(config, mesh)
     params = parts.init_state().params
-    source = parts.task.open_split(config, "train")
+    source = parts.domain.open_split(config, "train")
     batch = host_to_global(TrainStepLoader(source, 32, 0, (0, 32))(0), mesh, 32)
     with jax.set_mesh(mesh):
         gradients = jax.jit(summed_gradients, static_argnums=(0, 3))

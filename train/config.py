@@ -7,17 +7,16 @@ import json
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from triskele.models.quantize import FORMATS as QUANTIZATION_FORMATS
 from triskele.models.vit import REMAT_POLICIES
-from triskele.train.metrics import check_best_metric
+from triskele.train.metrics import ALWAYS as METRICS_OF_EVERY_DOMAIN
 from triskele.train.profiling import parse_profile_steps
 
-DOMAINS = ("mars", "merch", "deepfake")
 PRECISIONS = ("auto", "float32", "bfloat16", "fp8")
 
 
@@ -44,6 +43,9 @@ class ModelConfig:
     quantization: str | None = None
     """Set by `python -m triskele.eval quantize` in the copy it writes: int8, fp8 or fp4 block kernels
     (inference only)."""
+    class_names: list[str] | None = None
+    """The model's output classes: read from the training data when the run starts and saved with it,
+    so that evaluation, prediction and export never need the training data."""
 
 
 @dataclasses.dataclass
@@ -56,18 +58,6 @@ class DataConfig:
     eval_size: int = 512
     """Records in the synthetic evaluation split."""
     eval_split: str = "test"
-    label_agreement: int = 3
-    """mars: AI4Mars test labels to read, masked-gold-min<k>-100agree, k in 1..3."""
-    frames_per_video: int = 32
-    """deepfake: frames sampled uniformly from each video."""
-    holdout: str | None = None
-    """deepfake: manipulation family/method left out of training (cross-manipulation protocol)."""
-    eval_methods: str | None = None
-    """deepfake: comma-separated methods whose fakes evaluation uses (None: all)."""
-    compression: str = "c23"
-    """deepfake: FaceForensics++ compression folder (raw, c23, c40)."""
-    num_skus: int = 100
-    """merch (synthetic): SKUs in the training catalogue."""
     threads: int = 4
     """Threads that load batches ahead of the step."""
     prefetch: int = 4
@@ -126,9 +116,18 @@ class RunConfig:
     """FIRST:LAST, e.g. '20:25': a jax.profiler trace of those global steps in WORKDIR/profile/."""
 
 
+def _domain_options(domain: str) -> Any:
+    from triskele.train.domains import get_domain
+
+    return get_domain(domain).options()
+
+
 @dataclasses.dataclass
 class Config:
     domain: str = "mars"
+    options: Any = dataclasses.field(default_factory=lambda: _domain_options("mars"))
+    """The domain's own keys (its spec's options dataclass), read and written as `<domain>.<key>`:
+    `config.deepfake.holdout` is `config.options.holdout` on a deepfake run."""
     preset: str = "mars-tiny"
     mesh: str = ""
     """Mesh spec, e.g. 'data=2,fsdp=2,tensor=2'; '' puts every device on `data`."""
@@ -144,8 +143,15 @@ class Config:
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
 
+    def __getattr__(self, name: str) -> Any:
+        if name == self.__dict__.get("domain"):
+            return self.options
+        raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Nested keys as `--set` spells them: the options under the domain's name."""
+        data = dataclasses.asdict(self)
+        return {"domain": data.pop("domain"), self.domain: data.pop("options"), **data}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -165,18 +171,28 @@ _SIZES: dict[str, dict[str, Any]] = {
             "optim.lr": 2e-4, "optim.warmup_steps": 3000, "run.steps": 50000, "checkpoint.every": 1000,
             "run.eval_every": 1000, "data.train_size": 400_000, "data.eval_size": 5000, "model.remat": "full"},
 }
-_DOMAINS: dict[str, dict[str, Any]] = {
-    "mars": {"model.channels": 1, "checkpoint.best_metric": "eval_loss"},
-    "merch": {"model.channels": 3, "data.train_size": 20000, "data.eval_size": 1200, "run.steps": 1200,
-              "run.eval_every": 600},
-    "deepfake": {"model.channels": 3, "data.frames_per_video": 8, "data.train_size": 6144,
-                 "data.eval_size": 1024, "run.steps": 1500, "run.eval_every": 750},
-}
-PRESETS: dict[str, dict[str, Any]] = {
-    f"{domain}-{size}": {"domain": domain, **_DOMAINS[domain], **_SIZES[size]}
-    for domain in DOMAINS
-    for size in _SIZES
-}
+
+
+class _Presets(Mapping[str, dict[str, Any]]):
+    """`<domain>-<size>` for every registered domain and size: the domain's spec's preset, then the size's."""
+
+    def _all(self) -> dict[str, dict[str, Any]]:
+        from triskele.train.domains import domains
+
+        return {f"{name}-{size}": {"domain": name, **domain.preset, **values}
+                for name, domain in domains().items() for size, values in _SIZES.items()}
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+PRESETS: Mapping[str, dict[str, Any]] = _Presets()
 DEFAULT_PRESET = "mars-tiny"
 
 
@@ -229,6 +245,9 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
                 return float(value)
             except ValueError:
                 pass
+    elif typing.get_origin(annotation) is list:
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return list(value)
     elif annotation is str:
         if isinstance(value, str):
             return value
@@ -238,20 +257,59 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     raise ValueError(f"config key {key!r} must be {expected}, got {value!r} ({type(value).__name__})")
 
 
+def _moved_to(key: str) -> str | None:
+    """`data.holdout` -> `deepfake.holdout`: where a key that moved into a domain's options lives now."""
+    from triskele.train.domains import domains
+
+    section, _, field = key.partition(".")
+    if section != "data":
+        return None
+    for name, domain in domains().items():
+        if field in {f.name for f in dataclasses.fields(domain.options)}:
+            return f"{name}.{field}"
+    return None
+
+
+def _apply_domain_option(config: Config, key: str, value: Any) -> bool:
+    """Applies `<domain>.<option>`; False when `key` names no registered domain."""
+    from triskele.train.domains import domains
+
+    head, _, rest = key.partition(".")
+    if head not in domains():
+        return False
+    if head != config.domain:
+        raise ValueError(f"config key {key!r} is an option of the {head} domain, but this run's domain is "
+                         f"{config.domain}; use a {head} preset or set {config.domain}.<option>")
+    if rest:
+        _apply(config.options, rest, value, head + ".")
+    else:
+        _apply_section(config.options, head, value)
+    return True
+
+
+def _apply_section(section: Any, full: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"config key {full!r} is a section; set its fields, e.g. {full}.<field>=...")
+    for sub_key, sub_value in value.items():
+        _apply(section, str(sub_key), sub_value, full + ".")
+
+
 def _apply(config: Any, key: str, value: Any, prefix: str = "") -> None:
+    if isinstance(config, Config) and _apply_domain_option(config, key, value):
+        return
     head, _, rest = key.partition(".")
     types = _field_types(type(config))
     full = prefix + head
-    if head not in types:
-        known = ", ".join(prefix + name for name in types)
+    if head not in types or full == "options":
+        moved = _moved_to(full)
+        if moved:
+            raise ValueError(f"config key {full!r} moved to {moved!r}; set {moved}=...")
+        known = ", ".join(prefix + name for name in types if prefix + name != "options")
         raise ValueError(f"unknown config key {full!r}; known keys here: {known}")
     current = getattr(config, head)
     if dataclasses.is_dataclass(current):
         if not rest:
-            if not isinstance(value, Mapping):
-                raise ValueError(f"config key {full!r} is a section; set its fields, e.g. {full}.<field>=...")
-            for sub_key, sub_value in value.items():
-                _apply(current, str(sub_key), sub_value, full + ".")
+            _apply_section(current, full, value)
             return
         _apply(current, rest, value, full + ".")
         return
@@ -259,6 +317,10 @@ def _apply(config: Any, key: str, value: Any, prefix: str = "") -> None:
         raise ValueError(f"config key {full!r} has no field {rest!r}")
     value = _LEGACY_VALUES.get(full, {}).get(value, value) if isinstance(value, bool) else value
     setattr(config, head, _coerce(full, value, types[head]))
+    if isinstance(config, Config) and head == "domain":
+        _check_choice("domain", config.domain, _domain_names())
+        if not isinstance(config.options, type(_domain_options(config.domain))):
+            config.options = _domain_options(config.domain)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -310,9 +372,33 @@ def make_config(
     return config
 
 
+def _migrate(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config saved before the domain options left `data`: its `data.<option>` keys under the
+    domain's name (other domains' options, saved at their defaults, are dropped)."""
+    data = dict(data)
+    section = dict(data.get("data") or {})
+    domain = data.get("domain", Config.domain)
+    for field in list(section):
+        moved = _moved_to(f"data.{field}")
+        if moved is None:
+            continue
+        value = section.pop(field)
+        owner, _, name = moved.partition(".")
+        if owner == domain or field in {f.name for f in dataclasses.fields(_domain_options(domain))}:
+            data.setdefault(domain, {})
+            data[domain] = {**data[domain], name: value}
+    if "data" in data:
+        data["data"] = section
+    return data
+
+
 def config_from_dict(data: Mapping[str, Any]) -> Config:
-    """Rebuilds a saved config (config.json, or the copy inside a checkpoint)."""
+    """Rebuilds a saved config (config.json, or the copy inside a checkpoint), from before the domain
+    options moved out of `data` too."""
+    data = _migrate(data)
     config = Config()
+    if "domain" in data:
+        _apply(config, "domain", data["domain"])
     for key, value in data.items():
         _apply(config, str(key), value)
     _check_choices(config)
@@ -324,8 +410,22 @@ def _check_choice(key: str, value: Any, choices: Iterable[str]) -> None:
         raise ValueError(f"config key {key!r} is {value!r}; choose one of {', '.join(choices)}")
 
 
+def _domain_names() -> list[str]:
+    from triskele.train.domains import domains
+
+    return list(domains())
+
+
+def check_best_metric(domain: str, name: str) -> None:
+    from triskele.train.domains import get_domain
+
+    known = (*METRICS_OF_EVERY_DOMAIN, *get_domain(domain).metric_names)
+    if name not in known:
+        raise ValueError(f"checkpoint.best_metric={name!r} is not a {domain} metric; choose one of {', '.join(known)}")
+
+
 def _check_choices(config: Config) -> None:
-    _check_choice("domain", config.domain, DOMAINS)
+    _check_choice("domain", config.domain, _domain_names())
     _check_choice("precision", config.precision, PRECISIONS)
     _check_choice("model.remat", config.model.remat, REMAT_POLICIES)
     _check_choice("data.bad_records", config.data.bad_records, ("error", "skip"))

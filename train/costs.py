@@ -18,9 +18,9 @@ from triskele.mesh.hardware import peak_flops
 from triskele.mesh.hlo import ProgramCost, program_cost
 from triskele.mesh.logical import param_bytes
 from triskele.mesh.spec import MeshSpec
+from triskele.train.precision import compute_dtype, matmul_dtype
 from triskele.train.run import RunParts
 from triskele.train.step import batch_shardings_of, make_train_step
-from triskele.train.tasks import compute_dtype, matmul_dtype
 
 
 def model_shape(parts: RunParts) -> ModelShape:
@@ -71,7 +71,7 @@ def predict(parts: RunParts, mesh: Mesh | jax.sharding.AbstractMesh | None = Non
 
 def example_batch(parts: RunParts) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes and shardings of one global training batch (read off the first training record)."""
-    record = parts.task.open_split(parts.config, "train").load(0)
+    record = parts.domain.open_split(parts.config, "train").load(0)
     batch = {key: np.asarray(value) for key, value in record.items()} | {"valid": np.ones((), np.float32)}
     size = parts.config.data.global_batch
     shardings = batch_shardings_of({k: v[None] for k, v in batch.items()}, parts.mesh, size)

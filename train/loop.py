@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
 from triskele.mesh.cost import bubble_fraction, schedule_iterations
+from triskele.train.backbone import vit_config
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.compile_cache import enable_compilation_cache
 from triskele.train.config import Config
@@ -24,13 +25,13 @@ from triskele.train.data.bad_records import count_bad_records, tolerant
 from triskele.train.data.pipeline import train_batches
 from triskele.train.lock import WorkdirLock
 from triskele.train.logs import PendingMetrics, RunLog, Skipped, first_nonfinite
-from triskele.train.metrics import DOMAIN_METRICS, MetricsFn, flatten
+from triskele.train.metrics import MetricsFn, flatten
 from triskele.train.plots import write_plots
+from triskele.train.precision import fp8_note
 from triskele.train.pretrained import load_pretrained, resolve_norm_eps
 from triskele.train.profiling import ProfileWindow
 from triskele.train.run import RunParts, evaluate_split, prepare
 from triskele.train.state import TrainState
-from triskele.train.tasks import fp8_note, vit_config
 
 
 @dataclasses.dataclass
@@ -98,7 +99,7 @@ def train(
     workdir.mkdir(parents=True, exist_ok=True)
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
         parts = prepare(config, mesh)
-        metrics_fn = metrics_fn or DOMAIN_METRICS[config.domain]
+        metrics_fn = metrics_fn or parts.domain.metrics
         if jax.process_index() == 0:
             config.save(workdir / "config.json")
         checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
@@ -139,6 +140,85 @@ def _pipeline_schedule(parts: RunParts) -> dict[str, float | int]:
             "bubble": bubble_fraction(stages, repeats, microbatches)}
 
 
+class _Events:
+    """What the loop does at its event steps (check, log, evaluate, save), one method each; the loop
+    itself only steps and decides which events are due."""
+
+    def __init__(self, parts: RunParts, workdir: Path, checkpoints: Checkpoints, log: RunLog,
+                 metrics_fn: MetricsFn, summary: TrainSummary):
+        config = parts.config
+        self.parts, self.checkpoints, self.log, self.metrics_fn, self.summary = (
+            parts, checkpoints, log, metrics_fn, summary)
+        self.config_dict = config.to_dict()
+        self.bad_records = workdir / "bad_records.txt"
+        self.eval_source = tolerant(parts.domain.open_split(config, config.data.eval_split), config.data.bad_records,
+                                    config.data.eval_split, self.bad_records)
+        self.schedule = _pipeline_schedule(parts)
+        self.throughput = StepThroughput(parts)
+        self.skipping = Skipped(config.run.max_skipped_steps) if config.run.on_nonfinite == "skip" else None
+        self.interval_losses: list[float] = []
+        self.restart_clock(int(summary.final_step))
+
+    def restart_clock(self, step: int) -> None:
+        """images/s counts training from here (not compilation, not evaluation)."""
+        self.last_log_time, self.last_log_step = time.perf_counter(), step
+
+    def check_finite(self, records: list[tuple[int, dict[str, float]]]) -> None:
+        """Stops the run (FloatingPointError) on a non-finite step, or on too many skipped in a row."""
+        config, skipping = self.parts.config, self.skipping
+        bad = first_nonfinite(records) if skipping is None else skipping.update(records)
+        if bad is None:
+            return
+        self.checkpoints.wait()
+        if skipping is not None:
+            raise FloatingPointError(
+                f"{skipping.streak} steps in a row up to step {bad[0]} had a non-finite loss or gradient and were "
+                f"skipped (run.max_skipped_steps={config.run.max_skipped_steps}); stopped. The checkpoints hold "
+                "the state before them; lower optim.lr, or look for bad data")
+        latest = self.checkpoints.latest_step()
+        kept = (f"The last good checkpoint is step {latest} in {self.checkpoints.directory}" if latest is not None
+                else "No checkpoint was saved before it")
+        raise FloatingPointError(
+            f"non-finite loss ({bad[1]['loss']}) or gradient norm ({bad[1]['grad_norm']}) at step {bad[0]}; "
+            f"stopped. {kept}; lower optim.lr or raise optim.warmup_steps"
+        )
+
+    def log_step(self, done: int, records: list[tuple[int, dict[str, float]]], bar: tqdm) -> None:
+        """One metrics.jsonl/TensorBoard record: the last step's metrics, the interval's mean loss, speed."""
+        batch_size = self.parts.config.data.global_batch
+        now = time.perf_counter()
+        seconds = max(now - self.last_log_time, 1e-9)
+        steps_timed = done - self.last_log_step
+        self.restart_clock(done)
+        losses = self.interval_losses
+        self.log.write({"step": done, **records[-1][1],
+                        "loss_mean": float(np.mean(losses)) if losses else float("nan"),
+                        **(self.skipping.record() if self.skipping else {}),
+                        "images_per_sec": batch_size * steps_timed / seconds,
+                        **self.throughput.record(seconds / steps_timed),
+                        **({"pipeline_bubble": self.schedule["bubble"]} if self.schedule else {})})
+        bar.set_postfix(loss=f"{self.summary.last_loss:.4f}", img_s=f"{batch_size * steps_timed / seconds:.0f}")
+        self.interval_losses = []
+
+    def evaluate(self, done: int, state: TrainState) -> dict[str, float]:
+        """The evaluation split's metrics, logged and plotted."""
+        config = self.parts.config
+        totals = evaluate_split(self.parts, state.params, self.eval_source)
+        metrics = _scalar_metrics(totals, self.metrics_fn)
+        if config.data.bad_records == "skip":
+            metrics["bad_records"] = count_bad_records(self.bad_records, "train")
+            metrics["eval_unreadable"] = int(totals.get("unreadable", 0))
+        self.summary.eval_metrics = metrics
+        self.log.write({"step": done, **metrics})
+        if self.log.enabled:
+            write_plots(self.log.workdir)
+        self.restart_clock(self.last_log_step)
+        return metrics
+
+    def save(self, done: int, state: TrainState, eval_metrics: dict[str, float] | None) -> None:
+        self.checkpoints.save(done, state, {"next_step": done}, self.config_dict, eval_metrics)
+
+
 def _train(
     parts: RunParts,
     workdir: Path,
@@ -164,36 +244,26 @@ def _train(
     if first >= total:
         return summary
 
-    config_dict = config.to_dict()
-    bad_records = workdir / "bad_records.txt"
-    train_source = tolerant(parts.task.open_split(config, "train"), config.data.bad_records, "train", bad_records)
-    eval_source = tolerant(parts.task.open_split(config, config.data.eval_split), config.data.bad_records,
-                           config.data.eval_split, bad_records)
+    events = _Events(parts, workdir, checkpoints, log, metrics_fn, summary)
+    train_source = tolerant(parts.domain.open_split(config, "train"), config.data.bad_records, "train",
+                            events.bad_records)
     batches = train_batches(
         train_source, batch_size, config.run.seed, first, total, process_rows(mesh, batch_size),
         threads=config.data.threads, prefetch=config.data.prefetch, workers=config.data.workers,
     )
+    _announce(config, events.schedule, log)
     train_step = None
-    schedule = _pipeline_schedule(parts)
-    note = fp8_note(config.precision)
-    if note and log.enabled:
-        print(note, flush=True)
-    if schedule and log.enabled:
-        print("pipeline: " + ", ".join(f"{k}={v}" for k, v in schedule.items()), flush=True)
-    throughput = StepThroughput(parts)
-    pending, interval_losses = PendingMetrics(), []
-    skipping = Skipped(config.run.max_skipped_steps) if config.run.on_nonfinite == "skip" else None
+    pending = PendingMetrics()
     profile = ProfileWindow(config.run.profile_steps, total, workdir / "profile")
     bar = tqdm(total=total, initial=first, disable=not progress or not log.enabled, unit="step", dynamic_ncols=True)
-    last_log_time, last_log_step = time.perf_counter(), first
     with _SigtermFlag() as sigterm, jax.set_mesh(mesh), profile:
         for step in range(first, total):
             batch = host_to_global(next(batches), mesh, batch_size)
             if train_step is None:
-                train_step = throughput.compile(batch)
+                train_step = events.throughput.compile(batch)
                 if log.enabled:
-                    print(throughput.describe(), flush=True)
-                last_log_time = time.perf_counter()
+                    print(events.throughput.describe(), flush=True)
+                events.restart_clock(first)
             profile.before(step + 1)
             state, metrics = train_step(state, batch)
             done = step + 1
@@ -209,51 +279,14 @@ def _train(
             if not (log_now or evaluate or save):
                 continue
             records = pending.fetch()  # the only host sync: no state is saved before its loss is seen
-            bad = first_nonfinite(records) if skipping is None else skipping.update(records)
-            if bad is not None and skipping is not None:
-                checkpoints.wait()
-                raise FloatingPointError(
-                    f"{skipping.streak} steps in a row up to step {bad[0]} had a non-finite loss or gradient and were "
-                    f"skipped (run.max_skipped_steps={config.run.max_skipped_steps}); stopped. The checkpoints hold "
-                    "the state before them; lower optim.lr, or look for bad data")
-            if bad is not None:
-                checkpoints.wait()
-                latest = checkpoints.latest_step()
-                kept = (f"The last good checkpoint is step {latest} in {checkpoints.directory}" if latest is not None
-                        else "No checkpoint was saved before it")
-                raise FloatingPointError(
-                    f"non-finite loss ({bad[1]['loss']}) or gradient norm ({bad[1]['grad_norm']}) at step {bad[0]}; "
-                    f"stopped. {kept}; lower optim.lr or raise optim.warmup_steps"
-                )
+            events.check_finite(records)
             summary.final_step, summary.last_loss = done, records[-1][1]["loss"]
-            interval_losses += [m["loss"] for _, m in records if math.isfinite(m["loss"])]
+            events.interval_losses += [m["loss"] for _, m in records if math.isfinite(m["loss"])]
             if log_now:
-                now = time.perf_counter()
-                seconds = max(now - last_log_time, 1e-9)
-                steps_timed = done - last_log_step
-                last_log_time, last_log_step = now, done
-                log.write({"step": done, **records[-1][1],
-                           "loss_mean": float(np.mean(interval_losses)) if interval_losses else float("nan"),
-                           **(skipping.record() if skipping else {}),
-                           "images_per_sec": batch_size * steps_timed / seconds,
-                           **throughput.record(seconds / steps_timed),
-                           **({"pipeline_bubble": schedule["bubble"]} if schedule else {})})
-                bar.set_postfix(loss=f"{summary.last_loss:.4f}", img_s=f"{batch_size * steps_timed / seconds:.0f}")
-                interval_losses = []
-            eval_metrics = None
-            if evaluate:
-                totals = evaluate_split(parts, state.params, eval_source)
-                eval_metrics = _scalar_metrics(totals, metrics_fn)
-                if config.data.bad_records == "skip":
-                    eval_metrics["bad_records"] = count_bad_records(bad_records, "train")
-                    eval_metrics["eval_unreadable"] = int(totals.get("unreadable", 0))
-                summary.eval_metrics = eval_metrics
-                log.write({"step": done, **eval_metrics})
-                if log.enabled:
-                    write_plots(workdir)
-                last_log_time = time.perf_counter()  # images/s measures training, not evaluation
+                events.log_step(done, records, bar)
+            eval_metrics = events.evaluate(done, state) if evaluate else None
             if save:
-                checkpoints.save(done, state, {"next_step": done}, config_dict, eval_metrics)
+                events.save(done, state, eval_metrics)
             if stop:
                 checkpoints.wait()
                 summary.stopped_by = "sigterm" if sigterm.raised or preempted else "stop_after_step"
@@ -264,3 +297,12 @@ def _train(
     if log.enabled:
         write_plots(workdir)
     return summary
+
+
+def _announce(config: Config, schedule: dict[str, float | int], log: RunLog) -> None:
+    """The start-up notes: FP8 emulation and the pipeline schedule."""
+    note = fp8_note(config.precision)
+    if note and log.enabled:
+        print(note, flush=True)
+    if schedule and log.enabled:
+        print("pipeline: " + ", ".join(f"{k}={v}" for k, v in schedule.items()), flush=True)

@@ -20,7 +20,7 @@ from triskele.mesh.logical import param_bytes
 from triskele.mesh.planner import PlanInputs, candidates, explain, scaling
 from triskele.mesh.spec import MESH_AXES, MeshSpec
 from triskele.train.config import PRESETS, Config, make_config
-from triskele.train.tasks import get_task
+from triskele.train.domains import get_domain
 from triskele.train.validate import validate
 
 SCALING_DEVICES = [8, 16, 32, 64, 128, 256, 512, 1024]
@@ -40,8 +40,8 @@ def plan_inputs(config: Config, gpu_name: str, devices: int, nodes: int | None =
     nodes = nodes or max(1, devices // 8)
     if devices % nodes:
         raise ValueError(f"--devices {devices} is not divisible by --nodes {nodes}; use a node count that divides it")
-    task = get_task(config.domain)
-    model = nnx.eval_shape(lambda: task.build_model(config, nnx.Rngs(params=0), 1))
+    domain = get_domain(config.domain)
+    model = nnx.eval_shape(lambda: domain.build_model(config, nnx.Rngs(params=0), 1))
     params = nnx.state(model, nnx.Param)
     layouts: dict[MeshSpec, object] = {}
 

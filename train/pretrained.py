@@ -31,7 +31,7 @@ from triskele.models.weights import (
 from triskele.train.config import Config
 from triskele.train.safetensors import SafetensorsFile
 from triskele.train.state import TrainState
-from triskele.train.tasks import DEFAULT_NORM_EPS
+from triskele.train.backbone import DEFAULT_NORM_EPS
 
 
 class WeightFile:

@@ -1,4 +1,4 @@
-"""What a run needs before its first step: mesh, task, model graph, optimizer, state shardings.
+"""What a run needs before its first step: mesh, domain, model graph, optimizer, state shardings.
 
 Shared by training and evaluation so that both build exactly the same state layout.
 """
@@ -20,10 +20,10 @@ from triskele.mesh import host_to_global, make_mesh, process_rows
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import CheckpointConfig, Config, config_from_dict
 from triskele.train.data.pipeline import Source, eval_batches
+from triskele.train.domains import Domain, class_names, get_domain
 from triskele.train.optim import make_optimizer
 from triskele.train.state import TrainState, abstract_model, abstract_state, init_state, state_shardings
 from triskele.train.step import make_eval_step
-from triskele.train.tasks import Task, get_task
 from triskele.train.validate import validate
 
 
@@ -31,7 +31,7 @@ from triskele.train.validate import validate
 class RunParts:
     config: Config
     mesh: Mesh
-    task: Task
+    domain: Domain
     build_model: Callable[[], nnx.Module]
     graphdef: nnx.GraphDef
     tx: optax.GradientTransformation
@@ -59,18 +59,19 @@ def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
     """Validates `config` against the mesh and lays out (abstractly) everything the step needs."""
     mesh = make_mesh(config.mesh, dcn=config.dcn) if mesh is None else mesh
     validate(config, mesh)
-    task = get_task(config.domain)
+    domain = get_domain(config.domain)
+    config.model.class_names = class_names(config)
     seed = config.run.seed
 
     def build_model() -> nnx.Module:
-        return task.build_model(config, nnx.Rngs(params=seed), mesh.shape["pipeline"])
+        return domain.build_model(config, nnx.Rngs(params=seed), mesh.shape["pipeline"])
 
     graphdef, params = abstract_model(build_model)
     tx, schedule = make_optimizer(config.optim, config.run.steps)
     if config.model.quantization is not None:  # an inference-only copy: no optimizer state
         tx = optax.set_to_zero()
     shardings = state_shardings(params, tx, mesh)
-    return RunParts(config, mesh, task, build_model, graphdef, tx, schedule, shardings)
+    return RunParts(config, mesh, domain, build_model, graphdef, tx, schedule, shardings)
 
 
 def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, np.ndarray]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from jax.sharding import Mesh
 from triskele.mesh.pipeline import check_schedule
+from triskele.train.backbone import vit_config
 from triskele.train.config import Config
-from triskele.train.tasks import vit_config
 
 
 def _divisors(n: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""Reading images and masks from disk, with errors that name the file."""
+"""Reading images and masks from disk, with errors that name the file; what the pixels then become
+is `triskele.models.preprocess`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from triskele.models.preprocess import square_crop_box, to_model_input
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".JPG", ".JPEG", ".PNG")
 
@@ -28,19 +30,9 @@ def image_size(path: Path) -> tuple[int, int]:
         raise ValueError(f"cannot read image {path}: {err}") from None
 
 
-def square_crop_box(width: int, height: int) -> tuple[int, int, int, int]:
-    """The centred square of a (width, height) image."""
-    side = min(width, height)
-    left, top = (width - side) // 2, (height - side) // 2
-    return left, top, left + side, top + side
-
-
 def read_image(path: Path, size: int, channels: int) -> np.ndarray:
-    """(size, size, channels) float32 in [0, 1]: centre square crop, bilinear resize."""
-    image = open_image(path).convert("L" if channels == 1 else "RGB")
-    image = image.crop(square_crop_box(*image.size)).resize((size, size), Image.BILINEAR)
-    array = np.asarray(image, np.float32) / 255.0
-    return array[..., None] if channels == 1 else array
+    """The model input of an image file: (size, size, channels) float32 in [0, 1]."""
+    return to_model_input(open_image(path), size, channels)
 
 
 def read_mask(path: Path, like: Path | None = None) -> np.ndarray:

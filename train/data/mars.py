@@ -11,11 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from triskele.models.mars import IGNORE_LABEL as IGNORE
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image, read_mask, resize_mask
 from triskele.train.data.pipeline import RecordCache
 
-CLASS_NAMES = ("soil", "bedrock", "sand", "big_rock")
-IGNORE = 255
 _SPLIT_OFFSET = {"train": 0, "val": 1, "test": 2}
 
 

@@ -245,20 +245,26 @@ def class_folders(split_dir: Path) -> dict[str, list[Path]]:
     return classes
 
 
+def training_classes(root: str | Path) -> list[str]:
+    """The class names of a product tree: its train/ split's class folders, sorted."""
+    train_dir = Path(root) / "train"
+    if not train_dir.is_dir():
+        raise ValueError(f"data.path {str(root)!r} has no train/ folder of class folders")
+    return sorted(class_folders(train_dir))
+
+
 class ProductImages:
     """Product crops on disk: `ROOT/{train,val,test}/<sku>/*.jpg` or `.../<coarse>/<fine>/*.jpg`, and
     an optional gallery `ROOT/gallery/<sku>/*.jpg` of reference images.
 
-    Classes are the training split's folders. In an evaluation split, crops of training classes are
-    closed-set records; crops of other classes are open-set queries, matched against the gallery.
+    Classes are the model's (`classes`; default: the training split's folders). In an evaluation
+    split, crops of training classes are closed-set records; crops of other classes are open-set
+    queries, matched against the gallery.
     """
 
-    def __init__(self, root: str | Path, split: str, image_size: int):
+    def __init__(self, root: str | Path, split: str, image_size: int, classes: list[str] | None = None):
         self.root, self.split, self.size = Path(root), split, image_size
-        train_dir = self.root / "train"
-        if not train_dir.is_dir():
-            raise ValueError(f"data.path {str(self.root)!r} has no train/ folder of class folders")
-        self.classes = sorted(class_folders(train_dir))
+        self.classes = list(classes) if classes is not None else training_classes(self.root)
         self.num_classes = len(self.classes)
         index = {name: i for i, name in enumerate(self.classes)}
         split_dir = self.root / split

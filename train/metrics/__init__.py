@@ -1,5 +1,6 @@
 """Each domain's metrics of an evaluation (from the summed and per-record statistics of a split),
-here below both the training loop and `triskele.eval` so that training can report them."""
+here below both the training loop and `triskele.eval` so that training can report them. A domain's
+spec (`triskele.train.domains`) names its metrics function and metric names."""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from triskele.train.metrics import deepfake, mars, merch
 
 MetricsFn = Callable[[dict[str, np.ndarray]], dict[str, Any]]
-DOMAIN_METRICS: dict[str, MetricsFn] = {"mars": mars.metrics, "deepfake": deepfake.metrics, "merch": merch.metrics}
-METRIC_NAMES: dict[str, tuple[str, ...]] = {"mars": mars.NAMES, "deepfake": deepfake.NAMES, "merch": merch.NAMES}
 ALWAYS = ("eval_loss",)
+"""Metrics every evaluation reports, whatever the domain."""
 
 
 def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -24,9 +23,3 @@ def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
         elif isinstance(value, int | float | np.number) and not isinstance(value, bool):
             out[f"{prefix}{key}"] = float(value)
     return out
-
-
-def check_best_metric(domain: str, name: str) -> None:
-    known = (*ALWAYS, *METRIC_NAMES.get(domain, ()))
-    if name not in known:
-        raise ValueError(f"checkpoint.best_metric={name!r} is not a {domain} metric; choose one of {', '.join(known)}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from triskele.train.data.mars import CLASS_NAMES
+from triskele.models.mars import CLASS_NAMES
 
 NAMES = ("miou", "pixel_acc", *(f"iou/{c}" for c in CLASS_NAMES), *(f"recall/{c}" for c in CLASS_NAMES))
 """The scalar metrics (nested ones flattened with '/'), e.g. for checkpoint.best_metric."""

@@ -1,0 +1,53 @@
+"""How a decoded picture becomes a model input, and how the model normalises it: the one place that
+training, evaluation, prediction and export agree on (the export sidecar's description is made here).
+
+Pure functions on in-memory images; reading files (and naming them in errors) is the caller's job.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image
+
+NORMALISATIONS = {
+    "per_image": "standardized per image inside the model: (x - mean) / (std + 1e-3)",
+    "fixed": "normalised inside the model: (x - 0.5) / 0.25",
+}
+"""What a model does to its [0, 1] input pixels, by name (a model's `normalisation` attribute)."""
+
+
+def normalize(images: jax.Array, how: str) -> jax.Array:
+    """[0, 1] pixels (B, ..., H, W, C) -> what the backbone sees, float32."""
+    images = images.astype(jnp.float32)
+    if how == "per_image":  # rover exposure varies from frame to frame
+        axes = tuple(range(images.ndim - 3, images.ndim))
+        mean = images.mean(axis=axes, keepdims=True)
+        std = images.std(axis=axes, keepdims=True)
+        return (images - mean) / (std + 1e-3)
+    if how == "fixed":
+        return (images - 0.5) / 0.25
+    raise ValueError(f"unknown normalisation {how!r}; known: {', '.join(NORMALISATIONS)}")
+
+
+def square_crop_box(width: int, height: int) -> tuple[int, int, int, int]:
+    """The centred square of a (width, height) image as (left, top, right, bottom)."""
+    side = min(width, height)
+    left, top = (width - side) // 2, (height - side) // 2
+    return left, top, left + side, top + side
+
+
+def to_model_input(image: Image.Image, size: int, channels: int) -> np.ndarray:
+    """(size, size, channels) float32 in [0, 1]: grayscale or RGB, centre square, bilinear resize."""
+    image = image.convert("L" if channels == 1 else "RGB")
+    image = image.crop(square_crop_box(*image.size)).resize((size, size), Image.BILINEAR)
+    array = np.asarray(image, np.float32) / 255.0
+    return array[..., None] if channels == 1 else array
+
+
+def describe_input(channels: int, normalisation: str) -> str:
+    """The text that tells a serving client how to prepare pixels (the export sidecar's)."""
+    kind = "grayscale" if channels == 1 else "RGB"
+    return (f"{kind} pixels in [0, 1], the centre square resized (bilinear) to the input size; "
+            f"{NORMALISATIONS[normalisation]}")

@@ -1,0 +1,97 @@
+"""The domains triskele trains, evaluates and serves: one `Domain` spec each, registered once.
+
+A spec is everything the engine, the config, evaluation and prediction need to know about a
+domain; nothing else names a domain. Adding one is its own modules plus one `register(Domain(...))`
+(README, "Adding a domain"). The built-in domains register on first lookup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from flax import nnx
+from triskele.models.contract import DomainModel
+from triskele.train.data.pipeline import Source
+from triskele.train.metrics import MetricsFn
+
+if TYPE_CHECKING:
+    from triskele.train.config import Config
+
+BUILTIN = ("mars", "merch", "deepfake")
+"""Modules of `triskele.train.domains` that register a built-in domain."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    name: str
+    """The domain's one name: presets `<name>-<size>`, config keys `<name>.<option>`, reports."""
+    summary: str
+    options: type
+    """A dataclass of the domain's own config keys (set as `<name>.<field>=...`)."""
+    preset: Mapping[str, Any]
+    """Config values of the domain's presets, applied before each size's (e.g. `model.channels`)."""
+    build_model: Callable[[Config, nnx.Rngs, int], DomainModel]
+    """(config, rngs, pipeline stages) -> the model."""
+    open_split: Callable[[Config, str], Source]
+    """(config, split) -> the split's records (synthetic, or `data.path` on disk)."""
+    class_names: Callable[[Config], list[str]]
+    """The model's output classes, read from the training data once when a run starts and then saved
+    in its config as `model.class_names`: evaluation and prediction never read the training data."""
+    metrics: MetricsFn
+    """An evaluation's summed and per-record statistics -> the domain's metrics (nested dicts allowed)."""
+    metric_names: tuple[str, ...]
+    """The flattened names `metrics` returns (what `checkpoint.best_metric` may name)."""
+    evaluation: str | Any
+    """The module (or its import name) that writes evaluation artifacts and predicts:
+    `write_artifacts(parts, params, source, totals, out_dir) -> [file names]` and
+    `predict_folder(model, input_dir, output_dir, workdir) -> summary`."""
+
+    def evaluator(self) -> ModuleType | Any:
+        return importlib.import_module(self.evaluation) if isinstance(self.evaluation, str) else self.evaluation
+
+
+_REGISTRY: dict[str, Domain] = {}
+
+
+def register(domain: Domain) -> Domain:
+    """Makes `domain` known to presets, configs, training, evaluation and prediction."""
+    if not dataclasses.is_dataclass(domain.options):
+        raise TypeError(f"domain {domain.name!r}: options must be a dataclass type, got {domain.options!r}")
+    _REGISTRY[domain.name] = domain
+    return domain
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def domains() -> dict[str, Domain]:
+    """Every registered domain by name, the built-in ones first."""
+    for module in BUILTIN:
+        if module not in _REGISTRY:
+            importlib.import_module(f"{__name__}.{module}")
+    return dict(_REGISTRY)
+
+
+def get_domain(name: str) -> Domain:
+    known = domains()
+    if name not in known:
+        raise ValueError(f"unknown domain {name!r}; domains: {', '.join(known)}")
+    return known[name]
+
+
+def class_names(config: Config) -> list[str]:
+    """The run's class names: saved in its config, or (a run that started before they were saved)
+    read from its data as at training time, with an error that says so if the data is not there."""
+    if config.model.class_names is not None:
+        return list(config.model.class_names)
+    try:
+        return get_domain(config.domain).class_names(config)
+    except ValueError as err:
+        raise ValueError(f"this run's config has no model.class_names (it was saved before they were recorded), and "
+                         f"reading them from its training data failed: {err}. Point --data at the data it was "
+                         "trained on, or set model.class_names") from None
