@@ -54,6 +54,24 @@ class FileLayout:
     """Known where the file shapes its attention kernels by head (.npz) or says (Hugging Face config)."""
     stacked: bool = False
     """big_vision: the blocks stacked in one Transformer/encoderblock."""
+    hf_modules: bool = False
+    """Hugging Face: transformers 5's module names (`layers.N.attention.q_proj`, what `state_dict()`
+    gives), not the hub's (`encoder.layer.N.attention.attention.query`, what `save_pretrained` writes)."""
+
+
+class LayoutError(ValueError):
+    """A weight file whose keys or shapes fit no layout triskele reads."""
+
+
+FORMATS_TRIED = (
+    "timm (patch_embed.proj.weight, blocks.N.attn.qkv.weight, ...)",
+    "Hugging Face hub names ([vit.]embeddings.patch_embeddings.projection.weight, "
+    "[vit.]encoder.layer.N.attention.attention.query.weight, ...)",
+    "transformers 5 module names ([vit.]embeddings.patch_embeddings.projection.weight, "
+    "[vit.]layers.N.attention.q_proj.weight, ...)",
+    "the original ViT .npz (embedding/kernel, Transformer/encoderblock_N/...)",
+    "big_vision .npz ([params/[img/]]embedding/kernel, Transformer/encoderblock[_N]/...)",
+)
 
 
 def detect_format(keys: set[str]) -> tuple[str, str]:
@@ -68,9 +86,7 @@ def detect_format(keys: set[str]) -> tuple[str, str]:
             big = (prefix.startswith("params/") or f"{prefix}pos_embedding" in keys
                    or f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in keys)
             return ("big_vision" if big else "vit_npz"), prefix
-    raise ValueError("the file is not a ViT checkpoint triskele reads: expected timm keys (patch_embed.proj.weight), "
-                     "Hugging Face keys ([vit.]embeddings.patch_embeddings.projection.weight) or a ViT/big_vision "
-                     ".npz ([params/[img/]]embedding/kernel)")
+    raise LayoutError("no patch-embedding key of any known format")
 
 
 def _npz_block(layout: FileLayout, i: int) -> str:
@@ -121,6 +137,12 @@ def block_keys(layout: FileLayout, i: int) -> dict[str, str]:
         return _pairs({"norm1": f"{b}norm1", "attn/query": f"{b}attn.qkv", "attn/key": f"{b}attn.qkv",
                        "attn/value": f"{b}attn.qkv", "attn/out": f"{b}attn.proj", "norm2": f"{b}norm2",
                        "mlp/up": f"{b}mlp.fc1", "mlp/down": f"{b}mlp.fc2"}, ".weight", ".bias")
+    if layout.format == "hf" and layout.hf_modules:
+        b = f"{layout.prefix}layers.{i}."
+        return _pairs({"norm1": f"{b}layernorm_before", "attn/query": f"{b}attention.q_proj",
+                       "attn/key": f"{b}attention.k_proj", "attn/value": f"{b}attention.v_proj",
+                       "attn/out": f"{b}attention.o_proj", "norm2": f"{b}layernorm_after",
+                       "mlp/up": f"{b}mlp.fc1", "mlp/down": f"{b}mlp.fc2"}, ".weight", ".bias")
     if layout.format == "hf":
         b = f"{layout.prefix}encoder.layer.{i}."
         a = f"{b}attention.attention."
@@ -148,36 +170,65 @@ def expected_keys(layout: FileLayout) -> set[str]:
     return keys
 
 
-def infer_layout(keys: Mapping[str, tuple[int, ...]], config: Mapping | None = None) -> FileLayout:
-    """The format and sizes of a file from its keys and shapes (and a Hugging Face config.json)."""
+def _shape(keys: Mapping[str, tuple[int, ...]], key: str, ndim: int | tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of `key`, which must be there with `ndim` dimensions (LayoutError otherwise)."""
+    if key not in keys:
+        raise LayoutError(f"key {key} is missing")
+    shape = tuple(keys[key])
+    if len(shape) not in ((ndim,) if isinstance(ndim, int) else ndim) or 0 in shape:
+        raise LayoutError(f"key {key} has shape {shape}, not {ndim} non-empty dimensions")
+    return shape
+
+
+def _depth(keys: Mapping[str, tuple[int, ...]], fmt: str, prefix: str, hf_modules: bool) -> int:
+    block = {"timm": r"blocks\.(\d+)\.", "hf": r"layers\.(\d+)\." if hf_modules else r"encoder\.layer\.(\d+)\."}
+    pattern = "^" + re.escape(prefix) + block.get(fmt, r"Transformer/encoderblock_(\d+)/")
+    return 1 + max((int(m.group(1)) for k in keys if (m := re.match(pattern, k))), default=-1)
+
+
+def probe_layout(keys: Mapping[str, tuple[int, ...]]) -> FileLayout:
+    """What the keys alone say: format, prefix, naming, stacking and depth (sizes still 0)."""
     fmt, prefix = detect_format(set(keys))
-    probe = FileLayout(fmt, prefix, 0, 0, 0, 0, 0, 0, True, True, None)
-    embed = keys[global_keys(probe)["patch_embed/kernel"]]
+    hf_modules = fmt == "hf" and any(k.startswith(f"{prefix}layers.") for k in keys)
+    stacked = fmt == "big_vision" and f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in keys
+    probe = FileLayout(fmt, prefix, 0, 0, 0, 0, 0, 0, True, True, None, stacked=stacked, hf_modules=hf_modules)
+    if stacked:
+        depth = _shape(keys, f"{prefix}Transformer/encoderblock/LayerNorm_0/scale", 2)[0]
+    else:
+        depth = _depth(keys, fmt, prefix, hf_modules)
+    return dataclasses.replace(probe, depth=depth)
+
+
+def infer_layout(keys: Mapping[str, tuple[int, ...]], config: Mapping | None = None) -> FileLayout:
+    """The format and sizes of a file from its keys and shapes (and a Hugging Face config.json);
+    LayoutError naming the key where they fit no layout."""
+    probe = probe_layout(keys)
+    fmt, prefix, depth, stacked = probe.format, probe.prefix, probe.depth, probe.stacked
+    if depth < 1:
+        raise LayoutError("no transformer blocks")
+    embed = _shape(keys, global_keys(probe)["patch_embed/kernel"], 4)
     if fmt in ("timm", "hf"):
         width, channels, patch = embed[0], embed[1], embed[2]
     else:
         patch, channels, width = embed[0], embed[2], embed[3]
-    stacked = fmt == "big_vision" and f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in keys
-    if stacked:
-        depth = keys[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"][0]
-    else:
-        pattern = {"timm": r"^blocks\.(\d+)\.", "hf": rf"^{re.escape(prefix)}encoder\.layer\.(\d+)\."}.get(
-            fmt, rf"^{re.escape(prefix)}Transformer/encoderblock_(\d+)/")
-        depth = 1 + max((int(m.group(1)) for k in keys if (m := re.match(pattern, k))), default=-1)
-    probe = dataclasses.replace(probe, width=width, depth=depth, stacked=stacked)
-    up = keys[block_keys(probe, 0)["mlp/up/kernel"]]
+    probe = dataclasses.replace(probe, width=width)
+    up = _shape(keys, block_keys(probe, 0)["mlp/up/kernel"], 3 if stacked else 2)
     mlp_dim = up[-1] if fmt in ("vit_npz", "big_vision") else up[0]
     class_token = global_keys(probe)["cls_token"] in keys
-    positions = math.prod(keys[global_keys(probe)["pos_embed"]][:-1])
+    positions = math.prod(_shape(keys, global_keys(probe)["pos_embed"], (2, 3))[:-1])
     grid = math.isqrt(positions - 1) if class_token and math.isqrt(positions - 1) ** 2 == positions - 1 \
         else math.isqrt(positions)
+    if positions not in (grid * grid, grid * grid + 1):
+        raise LayoutError(f"key {global_keys(probe)['pos_embed']} holds {positions} positions, not a square grid "
+                          "(plus a class slot)")
     heads = None
     if fmt in ("vit_npz", "big_vision"):
-        heads = keys[block_keys(probe, 0)["attn/query/kernel"]][-2]
+        heads = _shape(keys, block_keys(probe, 0)["attn/query/kernel"], 4 if stacked else 3)[-2]
     elif config is not None and "num_attention_heads" in config:
         heads = int(config["num_attention_heads"])
     return FileLayout(fmt, prefix, width, depth, mlp_dim, patch, channels, grid, class_token,
-                      class_slot=positions == grid * grid + 1, heads=heads, stacked=stacked)
+                      class_slot=positions == grid * grid + 1, heads=heads, stacked=stacked,
+                      hf_modules=probe.hf_modules)
 
 
 def _heads(matrix: np.ndarray, heads: int, axis: int) -> np.ndarray:

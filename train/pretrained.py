@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +20,22 @@ from triskele.models.vit import VIT_SIZES, ViTConfig
 from triskele.models.weights import (
     BLOCK_LEAVES,
     DROPPED,
+    FORMATS_TRIED,
     RESIZE,
     FileLayout,
+    LayoutError,
     expected_keys,
     global_keys,
     infer_layout,
     patch_kernel,
     position_embedding,
+    probe_layout,
     stacked_block,
 )
+from triskele.train.backbone import DEFAULT_NORM_EPS
 from triskele.train.config import Config
 from triskele.train.safetensors import SafetensorsFile
 from triskele.train.state import TrainState
-from triskele.train.backbone import DEFAULT_NORM_EPS
 
 
 class WeightFile:
@@ -65,7 +69,10 @@ class WeightFile:
             self.shapes, self.get = tensors.shapes, tensors.get
         if self.config is None and (path.parent / "config.json").is_file() and path.suffix == ".safetensors":
             self.config = json.loads((path.parent / "config.json").read_text())
-        self.layout = infer_layout(self.shapes, self.config)
+        try:
+            self.layout = infer_layout(self.shapes, self.config)
+        except LayoutError as err:
+            raise ValueError(layout_error(self.path, self.shapes, str(err))) from None
 
     def norm_eps(self) -> float | None:
         """The LayerNorm epsilon the file's config states (Hugging Face: layer_norm_eps, 1e-12 by default)."""
@@ -112,6 +119,34 @@ def check_compatible(layout: FileLayout, cfg: ViTConfig, path: Path) -> None:
                          f"set model.patch={layout.patch}")
 
 
+def _listing(keys: list[str], most: int = 8) -> str:
+    return ", ".join(keys[:most]) + (f" and {len(keys) - most} more" if len(keys) > most else "") if keys else "none"
+
+
+def _layout_name(layout: FileLayout) -> str:
+    if layout.format == "hf":
+        return "Hugging Face, " + ("transformers 5 module names" if layout.hf_modules else "hub names")
+    return layout.format
+
+
+def layout_error(path: Path, shapes: dict[str, tuple[int, ...]], reason: str, layout: FileLayout | None = None) -> str:
+    """One message for a file that fits no layout: why, the formats tried, the first keys that did not
+    fit and the keys that were expected (of the format its keys look most like)."""
+    try:
+        layout = layout or probe_layout(shapes)
+    except LayoutError:
+        layout = None
+    if layout is None:
+        closest, expected = "none", set()
+    else:
+        closest = _layout_name(layout)
+        expected = expected_keys(dataclasses.replace(layout, depth=max(layout.depth, 1)))
+    unfit = sorted(k for k in set(shapes) - expected if not DROPPED.search(k))
+    return (f"model.init_from {path} is not a ViT file triskele can read: {reason}. Formats tried: "
+            + "; ".join(FORMATS_TRIED) + f". Closest: {closest}. First keys that did not fit: {_listing(unfit)}. "
+            + f"Keys expected: {_listing(sorted(expected), 12)}")
+
+
 def check_keys(file: WeightFile) -> list[str]:
     """Raises naming missing and unexpected keys; returns the keys left behind (heads, poolers)."""
     present, expected = set(file.shapes), expected_keys(file.layout)
@@ -119,14 +154,19 @@ def check_keys(file: WeightFile) -> list[str]:
     dropped = sorted(k for k in present - expected if DROPPED.search(k))
     unexpected = sorted(present - expected - set(dropped))
     if missing or unexpected:
-        def listing(keys: list[str]) -> str:
-            return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
-
-        raise ValueError(f"model.init_from {file.path} ({file.layout.format} layout) does not match a ViT: "
-                         + (f"missing keys: {listing(missing)}" if missing else "")
-                         + ("; " if missing and unexpected else "")
-                         + (f"unexpected keys: {listing(unexpected)}" if unexpected else ""))
+        reason = "; ".join(([f"missing keys: {_listing(missing)}"] if missing else [])
+                           + ([f"unexpected keys: {_listing(unexpected)}"] if unexpected else []))
+        raise ValueError(layout_error(file.path, file.shapes, f"({_layout_name(file.layout)} layout) {reason}",
+                                      file.layout))
     return dropped
+
+
+def _fits(host: tuple[int, ...], target: tuple[int, ...], stacked: bool) -> bool:
+    """Whether a converted array has the parameter's shape (stacked blocks may be split into
+    (repeats, layers / repeats) by the pipeline layout)."""
+    if not stacked:
+        return host == target
+    return math.prod(host) == math.prod(target) and host[1:] == target[len(target) - len(host) + 1:]
 
 
 def backbone_arrays(file: WeightFile, cfg: ViTConfig, fresh: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -166,7 +206,15 @@ def load_pretrained(state: TrainState, cfg: ViTConfig, path: str | Path, verbose
         raise ValueError(f"model.init_from cannot fill backbone parameters {missing}")
     placed = {}
     for name, current in target.items():
-        host = arrays[name]().astype(current.dtype).reshape(current.shape)  # (repeats, layers) when stacked so
+        try:
+            host = arrays[name]()
+        except (ValueError, IndexError) as err:
+            raise ValueError(layout_error(file.path, file.shapes, f"backbone {name} cannot be made from the file "
+                                          f"({err})", file.layout)) from None
+        if not _fits(host.shape, current.shape, stacked=name.startswith("blocks/")):
+            raise ValueError(layout_error(file.path, file.shapes, f"backbone {name} would be {host.shape} from the "
+                                          f"file, the model needs {current.shape}", file.layout))
+        host = host.astype(current.dtype).reshape(current.shape)  # (repeats, layers) when stacked so
         placed[name] = jax.make_array_from_callback(current.shape, current.sharding,
                                                     lambda index, host=host: host[index])
     if verbose and jax.process_index() == 0:
@@ -176,7 +224,7 @@ def load_pretrained(state: TrainState, cfg: ViTConfig, path: str | Path, verbose
 
 def describe(file: WeightFile, cfg: ViTConfig, dropped: list[str]) -> str:
     layout = file.layout
-    notes = [f"loaded {layout.format} weights from {file.path}: {layout.depth} blocks, width {layout.width}"]
+    notes = [f"loaded {_layout_name(layout)} weights from {file.path}: {layout.depth} blocks, width {layout.width}"]
     if layout.grid != cfg.grid:
         method, antialias = RESIZE[layout.format]
         notes.append(f"position embedding resized {layout.grid}x{layout.grid} -> {cfg.grid}x{cfg.grid} "
