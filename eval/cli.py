@@ -9,6 +9,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import jax
+from triskele.eval.predict import INFERENCE_BATCH_PER_DEVICE
+
 
 def _common(parser: argparse.ArgumentParser, workdir_required: bool = True) -> None:
     parser.add_argument("--workdir", required=workdir_required, help="the training run's folder (holds checkpoints/)")
@@ -31,17 +34,47 @@ def _evaluate(parser):
 
 
 def _predict(parser):
-    parser.add_argument("--input", required=True, help="folder of input images")
+    parser.add_argument("--input", required=True,
+                        help="a folder (searched recursively), a glob in quotes, or a .txt file of paths")
     parser.add_argument("--output", required=True, help="folder for the predictions")
     parser.add_argument("--exported", metavar="FILE", help="use this exported model instead of a checkpoint "
                                                            "(merch: --workdir still finds the gallery)")
+    parser.add_argument("--batch", type=int, help=f"records per batch (default {INFERENCE_BATCH_PER_DEVICE} per "
+                                                  "device on data x fsdp)")
+    parser.add_argument("--workers", type=int, default=0, help="input worker processes (default 0: threads)")
+    parser.add_argument("--threads", type=int, default=4, help="input threads when --workers is 0 (default 4)")
+    parser.add_argument("--prefetch", type=int, default=8, help="inputs read ahead of the model (default 8)")
+    parser.add_argument("--overwrite", action="store_true", help="predict inputs whose outputs exist again")
+    parser.add_argument("--stride", type=int, help="mars: sliding-window stride in pixels (default 2/3 window)")
+    parser.add_argument("--tta", choices=["flip"], help="mars: average with the mirrored pass")
+    parser.add_argument("--overlay", action="store_true", help="mars: also write NAME.overlay.png")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _distributed(parser)
 
     def run(a):
         from triskele.eval.evaluate import predict
 
-        return predict(a.workdir, a.input, a.output, a.mesh, a.step, a.exported)
+        _start_distributed(a)
+        summary = predict(a.workdir, a.input, a.output, a.mesh, a.step, a.exported, batch=a.batch,
+                          overwrite=a.overwrite, workers=a.workers, threads=a.threads, prefetch=a.prefetch,
+                          progress=not a.no_progress, stride=a.stride, tta=a.tta, overlay=a.overlay)
+        return summary, 1 if summary["unreadable"] else 0
 
     return run
+
+
+def _distributed(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("several processes (each predicts its share of the inputs)")
+    group.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (else auto-detected)")
+    group.add_argument("--num-processes", type=int, help="processes in the job")
+    group.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
+
+
+def _start_distributed(args) -> None:
+    from triskele.mesh.distributed import DistributedOptions, initialize
+
+    initialize(DistributedOptions(coordinator=args.coordinator, num_processes=args.num_processes,
+                                  process_id=args.process_id))
 
 
 def _gallery(parser):
@@ -116,5 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2))
-    return 0
+    except ConnectionError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    result, code = result if isinstance(result, tuple) else (result, 0)
+    if jax.process_index() == 0:
+        print(json.dumps(result, indent=2))
+    return code

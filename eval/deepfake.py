@@ -3,7 +3,6 @@ DeepfakeBench computes them) are `triskele.train.metrics.deepfake`."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
@@ -35,60 +34,58 @@ def write_artifacts(parts, params, source, totals, out_dir: Path) -> list[str]:
     return ["roc.png"]
 
 
-def _videos_in(folder: Path) -> list[tuple[str, list[Path]]]:
-    from triskele.train.data.images import IMAGE_SUFFIXES
+class DeepfakeIO:
+    """Inputs are videos: each folder of frames is one (frames directly under the input root form
+    one named after the root). The frame model scores `frames_per_video` frames sampled uniformly and
+    a video gets their mean; the video model scores one clip of `model.frames` of them.
+    `videos.csv` (video, records, fake_probability) and, for the frame model, `frames.csv`."""
 
-    subfolders = sorted(p for p in folder.iterdir() if p.is_dir())
-    groups = [(p.name, sorted(f for f in p.iterdir() if f.suffix in IMAGE_SUFFIXES)) for p in subfolders]
-    flat = sorted(f for f in folder.iterdir() if f.suffix in IMAGE_SUFFIXES)
-    if flat:
-        groups.append((folder.name, flat))
-    for name, frames in groups:
-        if not frames:
-            raise ValueError(f"video folder {folder / name} holds no frames (.png/.jpg)")
-    if not groups:
-        raise ValueError(f"--input {folder} holds no frames: give a folder of frames or of video folders")
-    return groups
+    def __init__(self, meta: dict[str, Any]):
+        from triskele.train.data.images import IMAGE_SUFFIXES
+
+        self.size, self.clip = meta["image_size"], meta["frames"]
+        self.per_video = meta["options"]["frames_per_video"]
+        self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
+
+    def units(self, root: Path, files: list[Path]):
+        from triskele.eval.engine import Unit
+        from triskele.eval.inputs import relative_name
+
+        videos: dict[Path, list[Path]] = {}
+        for frame in files:
+            videos.setdefault(frame.parent, []).append(frame)
+        return [Unit(root.name if folder.resolve() == root.resolve() else relative_name(folder, root),
+                     tuple(sorted(frames))) for folder, frames in sorted(videos.items())]
+
+    def read(self, unit) -> tuple[np.ndarray, Any]:
+        from triskele.train.data.deepfake import sample_uniformly
+        from triskele.train.data.images import read_image
+
+        chosen = sample_uniformly(list(unit.paths), self.per_video)
+        if self.clip > 1:
+            clip = sample_uniformly(chosen, self.clip)
+            if len(clip) < self.clip:
+                raise ValueError(f"video {unit.key} has {len(clip)} frames; the video model needs {self.clip}")
+            return np.stack([read_image(p, self.size, 3) for p in clip])[None], ["clip"]
+        return np.stack([read_image(p, self.size, 3) for p in chosen]), [p.name for p in chosen]
+
+    def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
+        scores = [float(p) for p in outputs["fake_probability"]]
+        return {"video": unit.key, "records": len(scores), "fake_probability": float(np.mean(scores)),
+                "frames": [[name, score] for name, score in zip(context, scores, strict=True)]}
+
+    def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
+        from triskele.eval.engine import write_csv
+
+        written = ["videos.csv"]
+        write_csv(out_dir / "videos.csv", ["video", "records", "fake_probability"],
+                   [[r["video"], r["records"], f"{r['fake_probability']:.6f}"] for r in rows])
+        if self.clip == 1:
+            write_csv(out_dir / "frames.csv", ["video", "frame", "fake_probability"],
+                       [[r["video"], name, f"{p:.6f}"] for r in rows for name, p in r["frames"]])
+            written.append("frames.csv")
+        return written
 
 
-def predict_folder(model, input_dir: Path, output_dir: Path, workdir: Path | None = None) -> dict[str, Any]:
-    """Writes videos.csv (video, records, fake_probability) and, for the frame model, frames.csv.
-    `model`: a LiveModel or an ExportedModel."""
-    from triskele.train.data.deepfake import sample_uniformly
-    from triskele.train.data.images import read_image
-
-    meta = model.meta
-    clip = meta["frames"]
-    rows, inputs = [], []
-    for name, frames in _videos_in(Path(input_dir)):
-        chosen = sample_uniformly(frames, meta["options"]["frames_per_video"])
-        if clip > 1:
-            clip_paths = sample_uniformly(chosen, clip)
-            if len(clip_paths) < clip:
-                raise ValueError(f"video {name} has {len(clip_paths)} frames; the video model needs {clip}")
-            inputs.append(np.stack([read_image(p, meta["image_size"], 3) for p in clip_paths]))
-            rows.append((name, "clip"))
-        else:
-            for path in chosen:
-                inputs.append(read_image(path, meta["image_size"], 3))
-                rows.append((name, path.name))
-    probabilities = model(np.stack(inputs))["fake_probability"]
-    output_dir.mkdir(parents=True, exist_ok=True)
-    names = [name for name, _ in rows]
-    per_video: dict[str, list[float]] = {}
-    for name, p in zip(names, probabilities, strict=True):
-        per_video.setdefault(name, []).append(float(p))
-    with (output_dir / "videos.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["video", "records", "fake_probability"])
-        for name, values in per_video.items():
-            writer.writerow([name, len(values), f"{np.mean(values):.6f}"])
-    written = ["videos.csv"]
-    if clip == 1:
-        with (output_dir / "frames.csv").open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["video", "frame", "fake_probability"])
-            for (name, frame), p in zip(rows, probabilities, strict=True):
-                writer.writerow([name, frame, f"{float(p):.6f}"])
-        written.append("frames.csv")
-    return {"videos": len(per_video), "records": len(rows), "files": [str(output_dir / w) for w in written]}
+def predict_io(meta: dict[str, Any], options) -> DeepfakeIO:
+    return DeepfakeIO(meta)

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from triskele.mesh.chunks import run_in_batches
 
 EXPORT_FORMAT = "triskele-export"
+DYNAMIC_BATCH = 64
+"""The batch a `--batch dynamic` export runs in when none is asked for."""
 EXPORT_VERSION = 2
 """2: the domain's options (e.g. deepfake frames_per_video) under `options`."""
 
@@ -25,10 +28,10 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 class ExportedModel:
-    """`model(images) -> {output name: array}` for images shaped as `meta['input_shape']` says
-    (any number of them: they are run in chunks of the exported batch, the last one padded)."""
+    """`model(images) -> {output name: array}` for images shaped as `meta['input_shape']` says (any
+    number of them, in batches of the exported size); `dispatch`/`fetch` for the streaming engine."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, batch: int | None = None):
         import jax
 
         self.path = Path(path)
@@ -52,24 +55,26 @@ class ExportedModel:
             raise ValueError(f"exported model {self.path} cannot be deserialized by jax {jax.__version__} "
                              f"(exported with jax {meta.get('jax')}): {err}") from None
         self.meta: dict[str, Any] = meta
-        self.batch: int | None = meta["input_shape"][0]
+        fixed = meta["input_shape"][0]
+        if fixed is not None and batch not in (None, fixed):
+            raise ValueError(f"exported model {self.path} was exported for batches of {fixed}; use --batch {fixed} "
+                             "or export with --batch dynamic")
+        self.batch: int = fixed or batch or DYNAMIC_BATCH
 
-    def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+    def dispatch(self, images: np.ndarray) -> dict[str, Any]:
         images = np.asarray(images, np.float32)
         expected = self.meta["input_shape"][1:]
         if list(images.shape[1:]) != expected:
             shape = ", ".join(map(str, expected))
             raise ValueError(f"exported model {self.path} takes inputs of shape (batch, {shape}), got {images.shape}")
-        chunk = self.batch or 64
-        outputs: dict[str, list[np.ndarray]] = {}
-        for offset in range(0, len(images), chunk):
-            part = images[offset : offset + chunk]
-            if self.batch:
-                part = np.concatenate([part, np.zeros((self.batch - len(part), *part.shape[1:]), np.float32)])
-            for key, value in self.exported.call(part).items():
-                outputs.setdefault(key, []).append(np.asarray(value)[: len(images[offset : offset + chunk])])
-        return {key: np.concatenate(parts) for key, parts in outputs.items()}
+        return self.exported.call(images)
+
+    def fetch(self, handle: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {key: np.asarray(value) for key, value in handle.items()}
+
+    def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+        return run_in_batches(self.dispatch, self.fetch, images, self.batch)
 
 
-def load_exported(path: str | Path) -> ExportedModel:
-    return ExportedModel(path)
+def load_exported(path: str | Path, batch: int | None = None) -> ExportedModel:
+    return ExportedModel(path, batch)

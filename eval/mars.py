@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 from triskele.models.mars import CLASS_NAMES
+from triskele.models.sliding import resize_bilinear
 
 # Display colours: soil, bedrock, sand, big rock; ignored pixels black.
 PALETTE = np.array([[170, 120, 80], [120, 120, 130], [235, 200, 110], [200, 40, 40]], np.uint8)
@@ -40,11 +41,8 @@ def overlay(image: np.ndarray, truth: np.ndarray, prediction: np.ndarray) -> np.
     picture = Image.fromarray(np.concatenate([np.concatenate([panels[0], gap, panels[1], gap, panels[2]], axis=1),
                                               strip]))
     draw = ImageDraw.Draw(picture)
-    y, x = panels[0].shape[0] + 8, 4
-    for name, colour in zip((*CLASS_NAMES, "ignored"), (*PALETTE, (0, 0, 0)), strict=True):
-        draw.rectangle([x, y, x + 14, y + 14], fill=tuple(int(c) for c in colour), outline=(0, 0, 0))
-        draw.text((x + 20, y + 1), name.replace("_", " "), fill=(0, 0, 0))
-        x += 30 + 7 * len(name)
+    y = panels[0].shape[0] + 8
+    _legend(draw, 4, y)
     draw.text((picture.width - 190, y + 1), "image | truth | prediction", fill=(0, 0, 0))
     return np.asarray(picture)
 
@@ -72,43 +70,169 @@ def plot_confusion(confusion: np.ndarray, path: Path) -> None:
     plt.close(fig)
 
 
+def _legend(draw, x: int, y: int) -> None:
+    """The class colours, left to right from (x, y)."""
+    for name, colour in zip((*CLASS_NAMES, "ignored"), (*PALETTE, (0, 0, 0)), strict=True):
+        draw.rectangle([x, y, x + 14, y + 14], fill=tuple(int(c) for c in colour), outline=(0, 0, 0))
+        draw.text((x + 20, y + 1), name.replace("_", " "), fill=(0, 0, 0))
+        x += 30 + 7 * len(name)
+
+
+def blended(image: np.ndarray, mask: np.ndarray, alpha: float = 0.45) -> np.ndarray:
+    """The classes' colours blended over a grayscale or RGB image of the mask's size, a legend below."""
+    from PIL import Image, ImageDraw
+
+    pixels = np.clip(image, 0, 1)
+    rgb = (np.repeat(pixels, 3, axis=-1) if pixels.shape[-1] == 1 else pixels) * 255
+    mixed = np.where((mask < len(PALETTE))[..., None], (1 - alpha) * rgb + alpha * colorize(mask), rgb)
+    picture = Image.new("RGB", (max(mask.shape[1], 420), mask.shape[0] + 24), (255, 255, 255))
+    picture.paste(Image.fromarray(mixed.astype(np.uint8)), (0, 0))
+    _legend(ImageDraw.Draw(picture), 4, mask.shape[0] + 5)
+    return np.asarray(picture)
+
+
+def _frame_predictions(parts, params, records: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Class masks of whole frames at their labels' resolution, as evaluation computes them."""
+    from triskele.mesh.chunks import run_groups
+    from triskele.models.sliding import default_stride, extract_windows
+    from triskele.train.domains.mars import frame_logits
+    from triskele.train.serve import ServeRunner
+
+    window = parts.config.model.image_size
+    stride = default_stride(window)
+    runner = ServeRunner(parts.graphdef, params, parts.mesh, parts.config.data.global_batch)
+    groups = ((r, extract_windows(r["image"], window, stride)) for r in records)
+    return [frame_logits(out["logits"], r["image"].shape[:2], r["label"].shape, stride).argmax(-1)
+            for r, out in run_groups(runner.dispatch, runner.fetch, groups, runner.batch)]
+
+
 def write_artifacts(parts, params, source, totals, out_dir: Path, examples: int = 4) -> list[str]:
-    """The confusion-matrix plot and `examples` overlays (image | truth | prediction)."""
+    """The confusion-matrix plot and `examples` overlays (image | truth | prediction) of whole frames."""
     from PIL import Image
-    from triskele.eval.predict import LiveModel
 
     plot_confusion(totals["confusion"], out_dir / "confusion.png")
     written = ["confusion.png"]
     records = [source.load(i) for i in range(min(examples, len(source)))]
-    if records:
-        probabilities = LiveModel(parts, params)(np.stack([r["image"] for r in records]))["probabilities"]
-        for i, (record, prediction) in enumerate(zip(records, probabilities.argmax(-1), strict=True)):
-            name = f"overlay_{i}.png"
-            Image.fromarray(overlay(record["image"], record["label"], prediction)).save(out_dir / name)
-            written.append(name)
+    for i, (record, prediction) in enumerate(zip(records, _frame_predictions(parts, params, records), strict=True)):
+        name = f"overlay_{i}.png"
+        image = resize_bilinear(record["image"], *record["label"].shape)  # a scaled frame at its label's size
+        Image.fromarray(overlay(image, record["label"], prediction)).save(out_dir / name)
+        written.append(name)
     return written
 
 
-def predict_folder(model, input_dir: Path, output_dir: Path, workdir: Path | None = None) -> dict[str, Any]:
-    """One class-index PNG mask (0 soil, 1 bedrock, 2 sand, 3 big rock) per input image, at the
-    input's own resolution (centre-square predictions resized back by nearest neighbour).
-    `model`: a LiveModel or an ExportedModel."""
+def report_fields(parts, params, source) -> dict[str, Any]:
+    """How the figures were made, and the same checkpoint's figure the way it was measured before
+    (the centre square of each frame squeezed to the model's input and scored there)."""
     from PIL import Image
+    from triskele.mesh.chunks import run_groups
     from triskele.models.preprocess import square_crop_box
-    from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_image
+    from triskele.models.sliding import default_stride
+    from triskele.train.metrics.mars import confusion_metrics
+    from triskele.train.serve import ServeRunner
 
-    paths = sorted(p for p in Path(input_dir).iterdir() if p.suffix in IMAGE_SUFFIXES)
-    if not paths:
-        raise ValueError(f"--input {input_dir} holds no .png or .jpg images")
-    meta = model.meta
-    images = np.stack([read_image(p, meta["image_size"], meta["channels"]) for p in paths])
-    masks = model(images)["probabilities"].argmax(-1)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for path, mask in zip(paths, masks, strict=True):
-        width, height = image_size(path)
-        left, top, right, bottom = square_crop_box(width, height)
-        full = np.full((height, width), 255, np.uint8)  # outside the centre square: not predicted
-        square = Image.fromarray(mask.astype(np.uint8)).resize((right - left, bottom - top), Image.NEAREST)
-        full[top:bottom, left:right] = np.asarray(square)
-        Image.fromarray(full).save(output_dir / f"{path.stem}.png")
-    return {"images": len(paths), "output": str(output_dir)}
+    size = parts.config.model.image_size
+    runner = ServeRunner(parts.graphdef, params, parts.mesh, parts.config.data.global_batch)
+
+    def squeezed():
+        for index in range(len(source)):
+            record = source.load(index)
+            image, label = record["image"], record["label"]
+            left, top, right, bottom = square_crop_box(image.shape[1], image.shape[0])
+            label = Image.fromarray(label.astype(np.uint8)).crop(square_crop_box(*label.shape[::-1]))
+            yield (np.asarray(label.resize((size, size), Image.NEAREST)),
+                   resize_bilinear(image[top:bottom, left:right], size, size)[None])
+
+    confusion = np.zeros((len(CLASS_NAMES), len(CLASS_NAMES)))
+    for label, outputs in run_groups(runner.dispatch, runner.fetch, squeezed(), runner.batch):
+        known = label != 255
+        np.add.at(confusion, (label[known].astype(int), outputs["logits"][0].argmax(-1)[known]), 1)
+    square = confusion_metrics(confusion)
+    return {"inference": {"mode": "slide", "window": size, "stride": default_stride(size), "resolution": "native",
+                          "scale": parts.config.mars.scale},
+            "square_resize": {"miou": square["miou"], "pixel_acc": square["pixel_acc"],
+                              "how": "centre square of each frame resized to the model input, scored there"}}
+
+
+class MarsIO:
+    """One class-index PNG per image at its exact size, every pixel predicted: the frame scaled by
+    the run's `mars.scale`, windows of the model's input at `stride`, their logits averaged where
+    they overlap and resized back to the image (bilinear), then argmax; `tta` 'flip' averages the
+    probabilities of the mirrored pass; `overlay` also writes NAME.overlay.png."""
+
+    def __init__(self, meta: dict[str, Any], stride: int | None = None, tta: str | None = None,
+                 overlay: bool = False):
+        from triskele.models.sliding import default_stride
+        from triskele.train.data.images import IMAGE_SUFFIXES
+
+        if tta not in (None, "flip"):
+            raise ValueError(f"--tta {tta!r}: the test-time augmentation mars knows is 'flip'")
+        self.window, self.channels = meta["image_size"], meta["channels"]
+        self.scale = meta["options"]["scale"] or 1.0
+        self.stride = stride or default_stride(self.window)
+        if not 0 < self.stride <= self.window:
+            raise ValueError(f"--stride {self.stride} must be between 1 and the window ({self.window})")
+        self.flip, self.overlay = tta == "flip", overlay
+        self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
+
+    def units(self, root: Path, files: list[Path]):
+        from triskele.eval.engine import Unit
+        from triskele.eval.inputs import relative_name
+
+        return [Unit(relative_name(f, root), (f,)) for f in files]
+
+    def _frame(self, path: Path) -> np.ndarray:
+        from triskele.models.preprocess import to_frame
+        from triskele.train.data.images import open_image
+
+        return to_frame(open_image(path), self.scale, self.channels)
+
+    def read(self, unit) -> tuple[np.ndarray, Any]:
+        from triskele.models.sliding import extract_windows
+        from triskele.train.data.images import image_size
+
+        width, height = image_size(unit.paths[0])
+        frame = self._frame(unit.paths[0])
+        windows = extract_windows(frame, self.window, self.stride)
+        if self.flip:
+            windows = np.concatenate([windows, windows[:, :, ::-1]])
+        return windows, (frame.shape[:2], (height, width))
+
+    def probabilities(self, logits: np.ndarray, frame_shape, native_shape) -> np.ndarray:
+        from triskele.models.sliding import softmax
+        from triskele.train.domains.mars import frame_logits
+
+        if not self.flip:
+            return frame_logits(logits, frame_shape, native_shape, self.stride)
+        plain, mirrored = np.split(logits, 2)
+        return (softmax(frame_logits(plain, frame_shape, native_shape, self.stride))
+                + softmax(frame_logits(mirrored[:, :, ::-1], frame_shape, native_shape, self.stride))) / 2
+
+    def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
+        import io
+
+        from PIL import Image
+        from triskele.eval.engine import write_atomically
+
+        frame_shape, native_shape = context
+        mask = self.probabilities(outputs["logits"], frame_shape, native_shape).argmax(-1).astype(np.uint8)
+        name = str(Path(unit.key).with_suffix(".png"))
+        buffer = io.BytesIO()
+        Image.fromarray(mask).save(buffer, format="PNG")
+        write_atomically(out_dir / name, buffer.getvalue())
+        row = {"input": unit.key, "mask": name, "height": native_shape[0], "width": native_shape[1],
+               "class_pixels": np.bincount(mask.ravel(), minlength=len(CLASS_NAMES)).tolist()}
+        if self.overlay:
+            buffer = io.BytesIO()
+            image = resize_bilinear(self._frame(unit.paths[0]), *native_shape)
+            Image.fromarray(blended(image, mask)).save(buffer, format="PNG")
+            row["overlay"] = str(Path(unit.key).with_suffix(".overlay.png"))
+            write_atomically(out_dir / row["overlay"], buffer.getvalue())
+        return row
+
+    def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
+        return []
+
+
+def predict_io(meta: dict[str, Any], options) -> MarsIO:
+    return MarsIO(meta, stride=options.stride, tta=options.tta, overlay=options.overlay)

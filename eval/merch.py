@@ -35,10 +35,6 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def save_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-
-
 def gallery_path(workdir: Path) -> Path:
     return Path(workdir) / "gallery" / "index.npz"
 
@@ -68,60 +64,92 @@ def load_gallery(workdir: Path) -> tuple[np.ndarray, np.ndarray]:
     return index["embeddings"], index["names"].astype(str)
 
 
-def predict_folder(model, input_dir: Path, output_dir: Path, workdir: Path | None = None) -> dict[str, Any]:
+class MerchIO:
     """Shelf images with a planogram (`<stem>.json` beside `<stem>.jpg`): a compliance report
     `<stem>.json` and `<stem>.png` with the violating facings outlined. Other images are crops:
-    `predictions.csv` with the top-5 classes (and the nearest gallery SKU when `workdir` holds a
-    gallery index). `model`: a LiveModel or an ExportedModel."""
-    import csv
+    `predictions.csv` with the top-5 classes (and the nearest gallery SKU when the run has a gallery
+    index)."""
 
-    from PIL import Image, ImageDraw
-    from triskele.train.data.images import IMAGE_SUFFIXES, read_image
-    from triskele.train.data.merch import facing_crops, read_planogram
+    def __init__(self, meta: dict[str, Any], workdir: Path | None):
+        from triskele.train.data.images import IMAGE_SUFFIXES
 
-    input_dir, output_dir = Path(input_dir), Path(output_dir)
-    images = sorted(p for p in input_dir.iterdir() if p.suffix in IMAGE_SUFFIXES)
-    if not images:
-        raise ValueError(f"--input {input_dir} holds no .jpg or .png images")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    size = model.meta["image_size"]
-    gallery = load_gallery(workdir) if workdir is not None and gallery_path(workdir).is_file() else None
-    shelves = [p for p in images if p.with_suffix(".json").is_file()]
-    crops = [p for p in images if p not in shelves]
-    for shelf in shelves:
-        planogram = read_planogram(shelf.with_suffix(".json"))
-        if gallery is None:
-            raise ValueError(f"shelf {shelf} needs a gallery index to recognise facings; build one first")
-        embeddings, names = gallery
-        wanted = {v for row in planogram["rows"] for v in row if v != EMPTY}
-        missing = sorted(wanted - set(names))
-        if missing:
-            raise ValueError(f"planogram {shelf.with_suffix('.json')} names SKUs not in the gallery: {missing}")
-        found_names = names[np.argmax(model(facing_crops(shelf, planogram, size))["embedding"] @ embeddings.T, axis=1)]
+        self.size, self.names = meta["image_size"], meta["class_names"]
+        self.gallery = load_gallery(workdir) if workdir is not None and gallery_path(workdir).is_file() else None
+        self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
+
+    def units(self, root: Path, files: list[Path]):
+        """Each image; a shelf's planogram is checked against the gallery before anything runs."""
+        from triskele.eval.engine import Unit
+        from triskele.eval.inputs import relative_name
+        from triskele.train.data.merch import read_planogram
+
+        for shelf in (f for f in files if f.with_suffix(".json").is_file()):
+            if self.gallery is None:
+                raise ValueError(f"shelf {shelf} needs a gallery index to recognise facings; build one first")
+            planogram = read_planogram(shelf.with_suffix(".json"))
+            missing = sorted({v for row in planogram["rows"] for v in row if v != EMPTY} - set(self.gallery[1]))
+            if missing:
+                raise ValueError(f"planogram {shelf.with_suffix('.json')} names SKUs not in the gallery: {missing}")
+        return [Unit(relative_name(f, root), (f,)) for f in files]
+
+    def read(self, unit) -> tuple[np.ndarray, Any]:
+        from triskele.train.data.images import read_image
+        from triskele.train.data.merch import facing_crops, read_planogram
+
+        path = unit.paths[0]
+        if path.with_suffix(".json").is_file():
+            planogram = read_planogram(path.with_suffix(".json"))
+            return facing_crops(path, planogram, self.size), planogram
+        return read_image(path, self.size, 3)[None], None
+
+    def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
+        if context is not None:
+            return self._write_shelf(unit, context, outputs["embedding"], out_dir)
+        probs = outputs["probabilities"][0]
+        top = np.argsort(-probs)[:5]
+        nearest = ""
+        if self.gallery is not None:
+            nearest = str(self.gallery[1][int(np.argmax(outputs["embedding"][0] @ self.gallery[0].T))])
+        return {"image": unit.key, "top": [self.names[j] for j in top], "top1_probability": float(probs[top[0]]),
+                "gallery_nearest": nearest}
+
+    def _write_shelf(self, unit, planogram: dict, embeddings: np.ndarray, out_dir: Path) -> dict[str, Any]:
+        import io
+
+        from PIL import Image, ImageDraw
+        from triskele.eval.engine import write_atomically
+
+        gallery, names = self.gallery
+        found_names = names[np.argmax(embeddings @ gallery.T, axis=1)]
         found = np.array([EMPTY if n == "empty" else n for n in found_names], dtype=object)
         rows, cols = len(planogram["rows"]), len(planogram["rows"][0])
         report = compliance_report(np.array(planogram["rows"], dtype=object), found.reshape(rows, cols))
-        save_json(output_dir / f"{shelf.stem}.json", report)
-        picture = Image.open(shelf).convert("RGB")
+        stem = Path(unit.key).with_suffix("")
+        write_atomically(out_dir / f"{stem}.json", (json.dumps(report, indent=2) + "\n").encode())
+        picture = Image.open(unit.paths[0]).convert("RGB")
         grid = planogram["grid"] or {"left": 0, "top": 0, "width": picture.width, "height": picture.height}
         w, h = grid["width"] / cols, grid["height"] / rows
         draw = ImageDraw.Draw(picture)
         for v in report["violations"]:
             x0, y0 = grid["left"] + v["col"] * w, grid["top"] + v["row"] * h
             draw.rectangle([x0 + 1, y0 + 1, x0 + w - 2, y0 + h - 2], outline=(255, 0, 0), width=3)
-        picture.save(output_dir / f"{shelf.stem}.png")
-    if crops:
-        pixels = np.stack([read_image(p, size, 3) for p in crops])
-        outputs = model(pixels)
-        probs, names = outputs["probabilities"], model.meta["class_names"]
-        nearest = None
-        if gallery is not None:
-            nearest = gallery[1][np.argmax(outputs["embedding"] @ gallery[0].T, axis=1)]
-        with (output_dir / "predictions.csv").open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["image"] + [f"top{k}" for k in range(1, 6)] + ["top1_probability", "gallery_nearest"])
-            for i, path in enumerate(crops):
-                top = np.argsort(-probs[i])[:5]
-                writer.writerow([path.name] + [names[j] for j in top] + [f"{probs[i][top[0]]:.4f}",
-                                 "" if nearest is None else nearest[i]])
-    return {"shelves": len(shelves), "crops": len(crops), "output": str(output_dir)}
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        write_atomically(out_dir / f"{stem}.png", buffer.getvalue())
+        return {"shelf": unit.key, "compliance": report["compliance"]}
+
+    def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
+        from triskele.eval.engine import write_csv
+
+        crops = [r for r in rows if "image" in r]
+        if not crops:
+            return []
+        write_csv(out_dir / "predictions.csv",
+                  ["image"] + [f"top{k}" for k in range(1, 6)] + ["top1_probability", "gallery_nearest"],
+                  [[r["image"], *r["top"], *[""] * (5 - len(r["top"])), f"{r['top1_probability']:.4f}",
+                    r["gallery_nearest"]] for r in crops])
+        return ["predictions.csv"]
+
+
+def predict_io(meta: dict[str, Any], options) -> MerchIO:
+    return MerchIO(meta, options.workdir)

@@ -1,16 +1,26 @@
-"""Inference over host arrays: a restored model (`LiveModel`) or an exported one
-(`triskele.eval.exported.ExportedModel`) answer the same call: images -> the model's `serve` outputs."""
+"""Models for inference behind one interface: `dispatch(records)` / `fetch(handle)` for the
+streaming engine, `model(images)` for notebooks, and `meta` (what the inputs are and the outputs
+mean). A restored checkpoint (float or weight-quantized) is a `LiveModel`; an exported one is
+`triskele.eval.exported.ExportedModel`."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
-from flax import nnx
-from triskele.mesh import host_to_global, process_rows
-from triskele.train.run import RunParts
+from jax.sharding import Mesh
+from triskele.mesh import make_mesh
+from triskele.train.run import RunParts, restore_params
+from triskele.train.serve import ServeRunner
+
+INFERENCE_BATCH_PER_DEVICE = 8
+"""predict's default batch: this many records per device on `data x fsdp` (never the training batch)."""
+
+
+def default_batch(mesh: Mesh) -> int:
+    return INFERENCE_BATCH_PER_DEVICE * mesh.shape["data"] * mesh.shape["fsdp"]
 
 
 def model_meta(parts: RunParts) -> dict[str, Any]:
@@ -22,23 +32,24 @@ def model_meta(parts: RunParts) -> dict[str, Any]:
             "class_names": list(config.model.class_names)}
 
 
-class LiveModel:
-    """A restored model's `serve` on host images, in sharded global batches (the last one padded)."""
+class LiveModel(ServeRunner):
+    """A restored model's `serve` on its mesh, in batches of `batch` (default: INFERENCE_BATCH_PER_DEVICE
+    per device on data x fsdp)."""
 
-    def __init__(self, parts: RunParts, params: dict):
-        self.parts, self.params, self.meta = parts, params, model_meta(parts)
-        graphdef = parts.graphdef
-        self._serve = jax.jit(lambda params, images: nnx.merge(graphdef, params).serve(images))
+    def __init__(self, parts: RunParts, params: dict, batch: int | None = None):
+        super().__init__(parts.graphdef, params, parts.mesh, batch or default_batch(parts.mesh))
+        self.parts, self.meta = parts, model_meta(parts)
 
-    def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
-        mesh, batch_size = self.parts.mesh, self.parts.config.data.global_batch
-        start, stop = process_rows(mesh, batch_size)
-        outputs: dict[str, list[np.ndarray]] = {}
-        with jax.set_mesh(mesh):
-            for offset in range(0, len(images), batch_size):
-                chunk = np.asarray(images[offset : offset + batch_size], np.float32)
-                padded = np.concatenate([chunk, np.zeros((batch_size - len(chunk), *chunk.shape[1:]), np.float32)])
-                batch = host_to_global({"image": padded[start:stop]}, mesh, batch_size)["image"]
-                for key, value in jax.device_get(self._serve(self.params, batch)).items():
-                    outputs.setdefault(key, []).append(np.asarray(value)[: len(chunk)])
-        return {key: np.concatenate(parts) for key, parts in outputs.items()}
+
+def load_model(workdir: str | Path | None, exported: str | Path | None = None, mesh: str | None = None,
+               step: int | None = None, batch: int | None = None) -> Any:
+    """A checkpoint's parameters only (no optimizer state) on `mesh` over this process's devices, or
+    an exported model."""
+    if exported is not None:
+        from triskele.eval.exported import load_exported
+
+        return load_exported(exported, batch)
+    if workdir is None:
+        raise ValueError("predict needs --workdir (a checkpoint) or --exported FILE")
+    parts, params, _ = restore_params(Path(workdir), make_mesh(mesh or "", devices=jax.local_devices()), step)
+    return LiveModel(parts, params, batch)

@@ -1,25 +1,22 @@
-"""WHERE arrays live: mesh specs, logical -> mesh axis rules, global batches."""
+"""WHERE arrays live: mesh specs, logical -> mesh axis rules, global batches.
 
-from triskele.mesh.batch import batch_sharding, host_to_global, process_rows
-from triskele.mesh.logical import (
-    LOGICAL_RULES,
-    constrain,
-    logical_to_mesh,
-    partitioned,
-    tree_shardings,
-)
-from triskele.mesh.spec import MESH_AXES, MeshSpec, make_mesh
+Names load on first use, so a module that needs only the jax-free parts (`triskele.mesh.chunks`,
+used by serving processes) does not import Flax.
+"""
 
-__all__ = [
-    "LOGICAL_RULES",
-    "MESH_AXES",
-    "MeshSpec",
-    "batch_sharding",
-    "constrain",
-    "host_to_global",
-    "logical_to_mesh",
-    "make_mesh",
-    "partitioned",
-    "process_rows",
-    "tree_shardings",
-]
+import importlib
+
+_LAZY = {
+    "batch_sharding": "triskele.mesh.batch", "host_to_global": "triskele.mesh.batch",
+    "process_rows": "triskele.mesh.batch", "LOGICAL_RULES": "triskele.mesh.logical",
+    "constrain": "triskele.mesh.logical", "logical_to_mesh": "triskele.mesh.logical",
+    "partitioned": "triskele.mesh.logical", "tree_shardings": "triskele.mesh.logical",
+    "MESH_AXES": "triskele.mesh.spec", "MeshSpec": "triskele.mesh.spec", "make_mesh": "triskele.mesh.spec",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'triskele.mesh' has no attribute {name!r}")

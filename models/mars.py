@@ -96,5 +96,7 @@ class TerrainSegmenter(nnx.Module):
         return {"confusion": jnp.einsum("bhwt,bhwp->tp", truth, pred)}, {}
 
     def serve(self, images: jax.Array) -> dict[str, jax.Array]:
-        """What inference returns: per-pixel class probabilities (B, H, W, 4)."""
-        return {"probabilities": jax.nn.softmax(self(images), axis=-1)}
+        """What inference returns: per-pixel class logits and probabilities (B, H, W, 4); sliding-window
+        inference averages the logits of overlapping windows."""
+        logits = self(images)
+        return {"logits": logits, "probabilities": jax.nn.softmax(logits, axis=-1)}

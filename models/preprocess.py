@@ -46,6 +46,17 @@ def to_model_input(image: Image.Image, size: int, channels: int) -> np.ndarray:
     return array[..., None] if channels == 1 else array
 
 
+def to_frame(image: Image.Image, scale: float, channels: int) -> np.ndarray:
+    """A whole frame for sliding-window segmentation: (round(H * scale), round(W * scale), channels)
+    float32 in [0, 1], grayscale or RGB, resized bilinearly (not resized at scale 1)."""
+    image = image.convert("L" if channels == 1 else "RGB")
+    if scale != 1:
+        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        image = image.resize(size, Image.BILINEAR)
+    array = np.asarray(image, np.float32) / 255.0
+    return array[..., None] if channels == 1 else array
+
+
 def describe_input(channels: int, normalisation: str) -> str:
     """The text that tells a serving client how to prepare pixels (the export sidecar's)."""
     kind = "grayscale" if channels == 1 else "RGB"

@@ -20,7 +20,7 @@ from triskele.train import make_config
 from triskele.train.backbone import vit_config
 from triskele.train.cli import main as train_main
 from triskele.train.config import config_from_dict
-from triskele.train.data.images import IMAGE_SUFFIXES, read_image
+from triskele.train.data.images import read_image
 from triskele.train.domains import Domain, domains, get_domain, register, unregister
 
 # --- a toy fourth domain: dark or bright? -----------------------------------------------------
@@ -56,17 +56,34 @@ def write_artifacts(parts, params, source, totals, out_dir):
     return []
 
 
-def predict_folder(model, input_dir, output_dir, workdir=None):
-    paths = sorted(p for p in Path(input_dir).iterdir() if p.suffix in IMAGE_SUFFIXES)
-    meta = model.meta
-    probabilities = model(np.stack([read_image(p, meta["image_size"], meta["channels"]) for p in paths]))
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    with (Path(output_dir) / "predictions.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["image", "class"])
-        for path, p in zip(paths, probabilities["probabilities"], strict=True):
-            writer.writerow([path.name, meta["class_names"][int(np.argmax(p))]])
-    return {"images": len(paths)}
+class BrightnessIO:
+    """Each image one record; predictions.csv with its class."""
+
+    suffixes = (".png",)
+
+    def __init__(self, meta):
+        self.meta = meta
+
+    def units(self, root, files):
+        from triskele.eval.engine import Unit
+
+        return [Unit(f.name, (f,)) for f in files]
+
+    def read(self, unit):
+        return read_image(unit.paths[0], self.meta["image_size"], self.meta["channels"])[None], None
+
+    def write(self, unit, context, outputs, out_dir):
+        return {"image": unit.key, "class": self.meta["class_names"][int(np.argmax(outputs["probabilities"][0]))]}
+
+    def finish(self, rows, out_dir):
+        from triskele.eval.engine import write_csv
+
+        write_csv(Path(out_dir) / "predictions.csv", ["image", "class"], [[r["image"], r["class"]] for r in rows])
+        return ["predictions.csv"]
+
+
+def predict_io(meta, options):
+    return BrightnessIO(meta)
 
 
 @pytest.fixture

@@ -18,6 +18,19 @@ def test_synthetic_terrain_is_deterministic_and_splits_differ():
     assert record["label"].shape == (64, 64) and record["label"].dtype == np.uint8
 
 
+def test_training_crops_are_parts_of_larger_frames():
+    frames = SyntheticTerrain("test", 4, 32, frame_size=48)
+    crops = SyntheticTerrain("test", 4, 32, frame_size=48, crops=True)
+    frame, record = frames.load(1), crops.load(1, np.random.default_rng(7))
+    assert frame["image"].shape == (48, 48, 1) and record["image"].shape == (32, 32, 1)
+    found = [(t, left) for t in range(17) for left in range(17)
+             if np.array_equal(frame["label"][t:t + 32, left:left + 32], record["label"])
+             or np.array_equal(frame["label"][t:t + 32, left:left + 32][:, ::-1], record["label"])]
+    assert found, "a training crop is a window of the whole frame"
+    centre = crops.load(1)
+    np.testing.assert_array_equal(centre["image"], frame["image"][8:40, 8:40])
+
+
 def test_flip_augmentation_depends_on_the_rng_only():
     source = SyntheticTerrain("train", 4, 32)
     plain = source.load(0)
@@ -113,8 +126,13 @@ def test_ai4mars_loader_masks_rover_and_range_and_counts_unlabelled(tmp_path):
     assert (record["label"][-6:] == 255).all() and (record["label"][:5] == 255).all()
     middle = record["label"][10:40]
     assert set(np.unique(middle)) == {0, 1, 2, 3}
-    test = TerrainFiles(tmp_path, "test", 24)
-    assert len(test) == 1 and test.load(0)["label"].shape == (24, 24)
+    test = TerrainFiles(tmp_path, "test", 24)  # evaluation: the whole frame, its label at native resolution
+    assert len(test) == 1 and test.load(0)["label"].shape == (48, 48) and test.load(0)["image"].shape == (48, 48, 1)
+    halved = TerrainFiles(tmp_path, "test", 24, scale=0.5)
+    assert halved.load(0)["image"].shape == (24, 24, 1) and halved.load(0)["label"].shape == (48, 48)
+    crops = TerrainFiles(tmp_path, "train", 16, scale=0.5, crops=True)
+    record = crops.load(0, np.random.default_rng(0))
+    assert record["image"].shape == (16, 16, 1) and record["label"].shape == (16, 16)
 
 
 def test_ai4mars_bad_inputs_name_the_file(tmp_path):

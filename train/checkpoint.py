@@ -132,6 +132,25 @@ class Checkpoints:
                 reason = _reason(err)
         raise ValueError(f"checkpoint step {step} in {self.directory} cannot be restored: {reason}")
 
+    def restore_params(self, step: int, target: Any) -> Any:
+        """Only the parameters of checkpoint `step` (no optimizer moments: a third of the memory),
+        restored into `target` (ShapeDtypeStructs with the shardings wanted)."""
+        if step not in self.manager.all_steps():
+            raise ValueError(
+                f"checkpoint step {step} is not in {self.directory}; steps there: {self.all_steps() or 'none'}"
+            )
+        reason = self.problem(step)
+        if reason is None:
+            item = {"params": target}
+            restore_args = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding), item)
+            try:
+                restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                    item=item, restore_args=restore_args, partial_restore=True)))
+                return restored["state"]["params"]
+            except Exception as err:  # TensorStore, JSON and Orbax errors alike mean: does not restore
+                reason = _reason(err)
+        raise ValueError(f"checkpoint step {step} in {self.directory} cannot be restored: {reason}")
+
     def restore_newest(self, target: TrainState) -> tuple[TrainState, dict[str, Any], int] | None:
         """The newest checkpoint that restores (None if there is none at all). Each newer one that
         does not is moved aside to corrupt-<step>/ with a warning; if none restores, a ValueError

@@ -60,6 +60,8 @@ def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
     mesh = make_mesh(config.mesh, dcn=config.dcn) if mesh is None else mesh
     validate(config, mesh)
     domain = get_domain(config.domain)
+    if domain.resolve is not None:
+        domain.resolve(config)
     config.model.class_names = class_names(config)
     seed = config.run.seed
 
@@ -76,7 +78,10 @@ def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
 
 def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, np.ndarray]:
     """Every record of `source` exactly once (padding masked out): the eval step's sums added up,
-    and its per-record values concatenated in record order, padding rows dropped."""
+    and its per-record values concatenated in record order, padding rows dropped (or the domain's
+    own evaluation, where its spec has one)."""
+    if parts.domain.evaluate is not None:
+        return parts.domain.evaluate(parts, params, source)
     batch_size = parts.config.data.global_batch
     eval_step = parts.eval_step
     rows = process_rows(parts.mesh, batch_size)
@@ -94,15 +99,8 @@ def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, n
     return {**totals, **unreadable, **{key: np.concatenate(parts_) for key, parts_ in records.items()}}
 
 
-def restore_run(
-    workdir: str | Path,
-    mesh: Mesh | None = None,
-    step: int | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> tuple[RunParts, TrainState, int]:
-    """Loads a run's checkpoint (latest, or `step`) onto `mesh` (default: its config's mesh spec).
-
-    `overrides` change the saved config (e.g. `data.path` to evaluate on other data)."""
+def _open_run(workdir: str | Path, mesh: Mesh | None, step: int | None, overrides: dict[str, Any] | None,
+              ) -> tuple[RunParts, Checkpoints, int]:
     checkpoint_dir = Path(workdir) / "checkpoints"
     if not checkpoint_dir.is_dir():
         raise ValueError(f"workdir {str(workdir)!r} has no checkpoints/ folder; train there first")
@@ -112,8 +110,39 @@ def restore_run(
         if step is None:
             raise ValueError(f"{checkpoint_dir} holds no checkpoint; train there first")
         config = config_from_dict({**checkpoints.restore_config(step), **(overrides or {})})
-        parts = prepare(config, mesh)
+        return prepare(config, mesh), checkpoints, step
+    except BaseException:
+        checkpoints.close()
+        raise
+
+
+def restore_run(
+    workdir: str | Path,
+    mesh: Mesh | None = None,
+    step: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[RunParts, TrainState, int]:
+    """Loads a run's checkpoint (latest, or `step`) onto `mesh` (default: its config's mesh spec).
+
+    `overrides` change the saved config (e.g. `data.path` to evaluate on other data)."""
+    parts, checkpoints, step = _open_run(workdir, mesh, step, overrides)
+    try:
         state, _ = parts.restore(checkpoints, step)
     finally:
         checkpoints.close()
     return parts, state, step
+
+
+def restore_params(
+    workdir: str | Path,
+    mesh: Mesh | None = None,
+    step: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[RunParts, dict, int]:
+    """As `restore_run`, but only the parameters: what evaluation and inference need."""
+    parts, checkpoints, step = _open_run(workdir, mesh, step, overrides)
+    try:
+        params = checkpoints.restore_params(step, parts.abstract_state().params)
+    finally:
+        checkpoints.close()
+    return parts, params, step

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from triskele.models.preprocess import square_crop_box, to_model_input
+from triskele.models.preprocess import to_model_input
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".JPG", ".JPEG", ".PNG")
 
@@ -46,9 +46,3 @@ def read_mask(path: Path, like: Path | None = None) -> np.ndarray:
             raise ValueError(f"mask {path} is {mask.size[0]}x{mask.size[1]} but its image {like} is "
                              f"{expected[0]}x{expected[1]}; masks must match their image's size")
     return np.asarray(mask).astype(np.int64)
-
-
-def resize_mask(mask: np.ndarray, size: int) -> np.ndarray:
-    """Nearest-neighbour centre-square crop and resize of a label mask (keeps class indices)."""
-    image = Image.fromarray(mask.astype(np.uint8))
-    return np.asarray(image.crop(square_crop_box(*image.size)).resize((size, size), Image.NEAREST))

@@ -1,5 +1,10 @@
 """Mars terrain data: a deterministic synthetic navigation-camera generator, and AI4Mars on disk.
 
+Training records are random crops of the model's input size from whole frames (scaled first by
+`mars.scale` on disk; rendered at `mars.frame_size` when synthetic), so every crop is a real part
+of a scene at the resolution inference will see. Evaluation records are whole frames with their
+labels at native resolution, scored by sliding-window inference.
+
 Synthetic images are grayscale views of a ground plane seen in perspective: class regions and
 textures live in ground coordinates, so they shrink toward the horizon. Sky and far range are
 labelled 255 (ignored). Each class has its own texture; per-image gain and brightness make
@@ -11,8 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 from triskele.models.mars import IGNORE_LABEL as IGNORE
-from triskele.train.data.images import IMAGE_SUFFIXES, read_image, read_mask, resize_mask
+from triskele.models.preprocess import to_frame
+from triskele.train.data.images import IMAGE_SUFFIXES, open_image, read_mask
 from triskele.train.data.pipeline import RecordCache
 
 _SPLIT_OFFSET = {"train": 0, "val": 1, "test": 2}
@@ -109,17 +116,37 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(image, 0.0, 1.0).astype(np.float32), label
 
 
+def crop(image: np.ndarray, label: np.ndarray, size: int, rng: np.random.Generator | None
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """A size x size crop at a random place (rng None: the centre); a smaller frame is padded
+    (image by its edge, label by 255)."""
+    height, width = label.shape
+    pad = ((0, max(0, size - height)), (0, max(0, size - width)))
+    if any(p[1] for p in pad):
+        image = np.pad(image, pad + ((0, 0),), mode="edge")
+        label = np.pad(label, pad, constant_values=IGNORE)
+        height, width = label.shape
+    if rng is None:
+        top, left = (height - size) // 2, (width - size) // 2
+    else:
+        top, left = int(rng.integers(height - size + 1)), int(rng.integers(width - size + 1))
+    return image[top : top + size, left : left + size], label[top : top + size, left : left + size]
+
+
 class SyntheticTerrain:
-    """Random-access synthetic split: record i of split s is `render_terrain` of (seed, s, i).
+    """Random-access synthetic split: record i of split s is `render_terrain` of (seed, s, i) at
+    `frame_size` (default `image_size`); with `crops` a random image_size crop of it (training).
 
     Rendered records are cached (up to `cache_bytes`), so epochs after the first cost no rendering.
     """
 
-    def __init__(self, split: str, num_records: int, image_size: int, seed: int = 0, cache_bytes: int = 256 << 20):
+    def __init__(self, split: str, num_records: int, image_size: int, seed: int = 0, cache_bytes: int = 256 << 20,
+                 frame_size: int | None = None, crops: bool = False):
         if split not in _SPLIT_OFFSET:
             raise ValueError(f"mars split {split!r} is not one of {', '.join(_SPLIT_OFFSET)}")
         self.split, self.num_records, self.image_size, self.seed = split, num_records, image_size, seed
-        self._render = RecordCache(self._render_index, cache_bytes // (5 * image_size**2))
+        self.frame_size, self.crops = frame_size or image_size, crops
+        self._render = RecordCache(self._render_index, cache_bytes // (5 * self.frame_size**2))
 
     def __len__(self) -> int:
         return self.num_records
@@ -129,13 +156,16 @@ class SyntheticTerrain:
 
     def _render_index(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         seed = np.random.SeedSequence(self.record_seed(index)).generate_state(1)[0]
-        return render_terrain(int(seed), self.image_size)
+        return render_terrain(int(seed), self.frame_size)
 
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         if not 0 <= index < self.num_records:
             raise IndexError(f"record {index} is outside the {self.split} split of {self.num_records} records")
         image, label = self._render(index)
-        return augment(image[..., None], label, rng)
+        image = image[..., None]
+        if self.crops:
+            image, label = crop(image, label, self.image_size, rng)
+        return augment(image, label, rng)
 
 
 def augment(image: np.ndarray, label: np.ndarray, rng: np.random.Generator | None) -> dict[str, np.ndarray]:
@@ -163,8 +193,10 @@ class TerrainFiles:
     reported, not an error. Generic: `ROOT/[<split>/]images/*.{png,jpg}` + `masks/<stem>.png`.
     """
 
-    def __init__(self, root: str | Path, split: str, image_size: int, channels: int = 1, agreement: int = 3):
+    def __init__(self, root: str | Path, split: str, image_size: int, channels: int = 1, agreement: int = 3,
+                 scale: float = 1.0, crops: bool = False):
         self.root, self.split, self.image_size, self.channels = Path(root), split, image_size, channels
+        self.scale, self.crops = scale, crops
         if not self.root.is_dir():
             raise ValueError(f"data.path {str(self.root)!r} is not a folder")
         if (self.root / "msl").is_dir():
@@ -228,10 +260,15 @@ class TerrainFiles:
         return len(self.records)
 
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        """The frame scaled by `scale` with its label at native resolution; with `crops`, a random
+        image_size crop of the scaled frame and of its label scaled alike (nearest neighbour)."""
         image_path, label_path, mask_paths = self.records[index]
         label = read_mask(label_path, like=image_path)
         check_label_values(label, label_path)
         for mask_path in mask_paths:  # rover and beyond-range pixels are not terrain to learn
             label = np.where(read_mask(mask_path, like=image_path) > 0, IGNORE, label)
-        image = read_image(image_path, self.image_size, self.channels)
-        return augment(image, resize_mask(label, self.image_size), rng)
+        image = to_frame(open_image(image_path), self.scale, self.channels)
+        if self.crops:
+            scaled = Image.fromarray(label.astype(np.uint8)).resize(image.shape[1::-1], Image.NEAREST)
+            image, label = crop(image, np.asarray(scaled), self.image_size, rng)
+        return augment(image, label, rng)

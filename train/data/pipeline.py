@@ -94,7 +94,12 @@ def train_batches(
 ) -> Iterator[dict[str, np.ndarray]]:
     """This process's rows of the batches of global steps [start_step, stop_step), loaded ahead."""
     loader = TrainStepLoader(source, global_batch, seed, rows)
-    dataset = grain.MapDataset.range(start_step, stop_step).map(loader)
+    return prefetched(grain.MapDataset.range(start_step, stop_step).map(loader), threads, prefetch, workers)
+
+
+def prefetched(dataset: grain.MapDataset, threads: int, prefetch: int, workers: int) -> Iterator[Any]:
+    """The dataset's elements in order, produced ahead by `threads` threads (at most `prefetch`
+    ahead) or by `workers` worker processes."""
     if workers > 0:
         # Grain reads an Abseil flag in its workers; a program not started by absl.app has not
         # parsed flags, which Grain <= 0.2.18 turns into UnparsedFlagAccessError (google/grain#1355).

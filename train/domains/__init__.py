@@ -46,9 +46,15 @@ class Domain:
     metric_names: tuple[str, ...]
     """The flattened names `metrics` returns (what `checkpoint.best_metric` may name)."""
     evaluation: str | Any
-    """The module (or its import name) that writes evaluation artifacts and predicts:
+    """The module (or its import name) that writes evaluation artifacts and says how to predict:
     `write_artifacts(parts, params, source, totals, out_dir) -> [file names]` and
-    `predict_folder(model, input_dir, output_dir, workdir) -> summary`."""
+    `predict_io(meta, options) -> triskele.eval.engine.PredictIO`."""
+    resolve: Callable[[Config], None] | None = None
+    """Fills the options that depend on the data (e.g. mars' frame scale) once, when a run starts;
+    they are saved with the run, so inference never looks at the training data."""
+    evaluate: Callable[[Any, Any, Source], dict[str, Any]] | None = None
+    """(run parts, params, split) -> the summed statistics, for a domain whose evaluation is not the
+    model's `eval_stats` over fixed-size records (mars: sliding windows over whole frames)."""
 
     def evaluator(self) -> ModuleType | Any:
         return importlib.import_module(self.evaluation) if isinstance(self.evaluation, str) else self.evaluation

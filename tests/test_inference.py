@@ -1,0 +1,285 @@
+"""The streaming predictor and mars at native resolution: sliding windows against single forward
+passes, whole images predicted at their own size, bounded memory, resume after SIGKILL, bad
+inputs, several processes, exported models."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+from trainutil import mesh_of, run
+from triskele.eval.cli import main as eval_main
+from triskele.eval.engine import Unit, predict_files
+from triskele.eval.predict import LiveModel, load_model
+from triskele.models.sliding import default_stride, extract_windows, stitch, window_boxes
+from triskele.train.launch import free_port
+from triskele.train.run import restore_params
+
+pytestmark = pytest.mark.xdist_group("inference")  # one trained checkpoint shared by the module
+
+
+@pytest.fixture(scope="module")
+def mars_run(tmp_path_factory):
+    """mars-tiny at 32 px (synthetic frames of 48 px), 4 steps on 8 devices."""
+    workdir = tmp_path_factory.mktemp("mars")
+    run(workdir, "data=8", **{"run.steps": 4, "optim.lr": 3e-3})
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def model(mars_run):
+    return load_model(mars_run, mesh="data=8")
+
+
+def _forward(model, windows):
+    return model(windows)["logits"]
+
+
+# --- sliding windows ------------------------------------------------------------------------------
+
+def test_one_window_frame_is_one_forward_pass(model):
+    frame = np.random.default_rng(0).random((32, 32, 1)).astype(np.float32)
+    windows = extract_windows(frame, 32, default_stride(32))
+    assert windows.shape == (1, 32, 32, 1)
+    np.testing.assert_array_equal(stitch(_forward(model, windows), 32, 32, 21), _forward(model, frame[None])[0])
+
+
+def test_tiled_windows_give_their_own_logits_and_overlaps_their_mean(model):
+    rng = np.random.default_rng(1)
+    frame = rng.random((64, 96, 1)).astype(np.float32)
+    tiles = extract_windows(frame, 32, 32)  # stride = window: no overlap, 2 x 3 tiles
+    assert window_boxes(64, 96, 32, 32) == [(0, 0), (0, 32), (0, 64), (32, 0), (32, 32), (32, 64)]
+    stitched = stitch(_forward(model, tiles), 64, 96, 32)
+    for (top, left), tile in zip(window_boxes(64, 96, 32, 32), tiles, strict=True):
+        own = _forward(model, tile[None])[0]
+        np.testing.assert_allclose(stitched[top : top + 32, left : left + 32], own, atol=1e-5)
+    tall = rng.random((48, 32, 1)).astype(np.float32)  # windows at rows 0 and 16: rows 16..31 covered twice
+    logits = _forward(model, extract_windows(tall, 32, 16))
+    stitched = stitch(logits, 48, 32, 16)
+    np.testing.assert_allclose(stitched[:16], logits[0][:16], atol=1e-6)
+    np.testing.assert_allclose(stitched[16:32], (logits[0][16:] + logits[1][:16]) / 2, atol=1e-6)
+    np.testing.assert_allclose(stitched[32:], logits[1][16:], atol=1e-6)
+
+
+def test_small_images_are_padded_and_the_padding_dropped(model):
+    frame = np.random.default_rng(2).random((20, 25, 1)).astype(np.float32)
+    windows = extract_windows(frame, 32, 21)
+    assert windows.shape == (1, 32, 32, 1)
+    assert stitch(_forward(model, windows), 20, 25, 21).shape == (20, 25, 4)
+
+
+# --- whole images -----------------------------------------------------------------------------------
+
+def test_a_photo_and_a_strip_come_back_at_their_size_with_every_pixel_predicted(mars_run, tmp_path, capsys):
+    from sklearn.datasets import load_sample_image
+
+    inputs = tmp_path / "in"
+    (inputs / "strips").mkdir(parents=True)
+    Image.fromarray(load_sample_image("china.jpg")).save(inputs / "china.jpg")  # 640 x 427, a real photograph
+    strip = np.asarray(Image.fromarray(load_sample_image("flower.jpg")).convert("L").resize((600, 200)))
+    Image.fromarray(strip).save(inputs / "strips" / "flower.png")
+    out = tmp_path / "out"
+    assert eval_main(["predict", "--workdir", str(mars_run), "--input", str(inputs), "--output", str(out),
+                      "--overlay", "--tta", "flip", "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["inputs"] == summary["written"] == 2 and summary["unreadable"] == 0
+    assert set(summary) >= {"inputs", "written", "skipped", "unreadable", "seconds", "images_per_sec"}
+    photo = np.asarray(Image.open(out / "china.png"))
+    wide = np.asarray(Image.open(out / "strips" / "flower.png"))
+    assert photo.shape == (427, 640) and wide.shape == (200, 600)
+    for mask in (photo, wide):
+        assert set(np.unique(mask)) <= {0, 1, 2, 3}  # no 255: every pixel predicted
+    overlay = Image.open(out / "china.overlay.png")
+    assert overlay.size == (640, 427 + 24)
+
+
+def test_inputs_from_a_glob_and_a_list_of_paths(mars_run, tmp_path):
+    for name in ("a", "b", "c"):
+        Image.fromarray(np.full((40, 40), 90, np.uint8)).save(tmp_path / f"{name}.png")
+    (tmp_path / "list.txt").write_text("a.png\n# a comment\nc.png\n")
+    model = load_model(mars_run, mesh="data=8")
+    io = _io(model)
+    assert predict_files(model, io, tmp_path / "list.txt", tmp_path / "l", progress=False)["written"] == 2
+    assert sorted(p.name for p in (tmp_path / "l").glob("*.png")) == ["a.png", "c.png"]
+    assert predict_files(model, io, str(tmp_path / "[ab].png"), tmp_path / "g", progress=False)["written"] == 2
+    with pytest.raises(ValueError, match="holds no inputs"):
+        predict_files(model, io, str(tmp_path / "*.jpg"), tmp_path / "g", progress=False)
+
+
+def _io(model):
+    from triskele.eval.evaluate import PredictOptions
+    from triskele.eval.mars import predict_io
+
+    return predict_io(model.meta, PredictOptions())
+
+
+# --- streaming, resume, bad inputs ------------------------------------------------------------------
+
+class _CountingIO:
+    """A domain's IO that records how many inputs are read but not yet written at any time."""
+
+    def __init__(self, inner):
+        self.inner, self.suffixes, self.open, self.most = inner, inner.suffixes, 0, 0
+
+    def units(self, root, files):
+        return self.inner.units(root, files)
+
+    def read(self, unit):
+        self.open += 1
+        self.most = max(self.most, self.open)
+        return self.inner.read(unit)
+
+    def write(self, unit, context, outputs, out_dir):
+        self.open -= 1
+        return self.inner.write(unit, context, outputs, out_dir)
+
+    def finish(self, rows, out_dir):
+        return self.inner.finish(rows, out_dir)
+
+
+def test_inputs_in_flight_are_bounded_by_the_prefetch_depth(mars_run, tmp_path):
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(300):
+        Image.fromarray(np.full((32, 32), i % 256, np.uint8)).save(folder / f"{i:04d}.png")
+    model = load_model(mars_run, mesh="data=8", batch=16)
+    io = _CountingIO(_io(model))
+    summary = predict_files(model, io, folder, tmp_path / "out", threads=2, prefetch=4, progress=False)
+    assert summary["written"] == 300
+    # Read ahead (prefetch + the threads' own), one batch of 16 records in flight and one being
+    # fetched, and the writer's queue of 4: never the whole folder.
+    assert io.most <= 4 + 2 + 2 * 16 + 4 + 1, io.most
+
+
+def _predict_subprocess(workdir, inputs, out, *extra, devices=8):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    return subprocess.Popen([sys.executable, "-m", "triskele.eval", "predict", "--workdir", str(workdir),
+                             "--input", str(inputs), "--output", str(out), "--no-progress", *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+PEAK_RSS = """
+import resource, sys
+from triskele.eval.cli import main
+code = main(sys.argv[1:])
+print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def test_peak_memory_does_not_grow_with_the_number_of_inputs(mars_run, tmp_path):
+    peaks = {}
+    for count in (400, 4000):
+        folder = tmp_path / f"in{count}"
+        folder.mkdir()
+        rng = np.random.default_rng(count)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 255, (48, 48), np.uint8)).save(folder / f"{i:05d}.png")
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+        result = subprocess.run([sys.executable, "-c", PEAK_RSS, "predict", "--workdir", str(mars_run), "--input",
+                                 str(folder), "--output", str(tmp_path / f"out{count}"), "--no-progress"],
+                                env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        peaks[count] = int(result.stdout.split("PEAK_RSS_KB")[1].split()[0]) / 1024
+    assert peaks[4000] - peaks[400] < 300, peaks  # MB
+
+
+def test_a_killed_job_rerun_finishes_the_rest_and_rewrites_nothing(mars_run, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(120):
+        Image.fromarray(rng.integers(0, 255, (64, 80), np.uint8)).save(folder / f"{i:03d}.png")
+    reference = tmp_path / "reference"
+    assert _predict_subprocess(mars_run, folder, reference, "--batch", "8").wait(timeout=600) == 0
+    out = tmp_path / "out"
+    job = _predict_subprocess(mars_run, folder, out, "--batch", "8", "--prefetch", "2", "--threads", "1")
+    deadline = time.monotonic() + 300
+    while len(list(out.glob("*.png"))) < 20 and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    rows = list((out / ".triskele-predict" / "rows").glob("*.json"))
+    earlier = {p.name: p.stat().st_mtime_ns for p in out.glob("*.png")}
+    assert 0 < len(rows) < 120, "the job must be killed part-way"
+    rerun = _predict_subprocess(mars_run, folder, out, "--batch", "8")
+    assert rerun.wait(timeout=600) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["skipped"] >= len(rows) and summary["skipped"] + summary["written"] == 120
+    finished = {p.name: p.stat().st_mtime_ns for p in out.glob("*.png")}
+    done_before = {json.loads(r.read_text())["mask"] for r in rows}
+    assert all(finished[name] == earlier[name] for name in done_before), "an output done before was rewritten"
+    assert sorted(finished) == sorted(p.name for p in reference.glob("*.png"))
+    for name in finished:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert not list(out.glob(".*.partial"))
+
+
+def test_bad_inputs_are_listed_and_the_rest_written(mars_run, tmp_path, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    good = Image.fromarray(np.full((40, 50), 120, np.uint8))
+    good.save(folder / "good.png")
+    good.save(folder / "whole.png")
+    (folder / "truncated.png").write_bytes((folder / "whole.png").read_bytes()[:60])
+    (folder / "text.png").write_text("this is not a picture\n")
+    (folder / "empty.png").write_bytes(b"")
+    out = tmp_path / "out"
+    assert eval_main(["predict", "--workdir", str(mars_run), "--input", str(folder), "--output", str(out),
+                      "--no-progress"]) == 1
+    errors = {r["input"]: r["reason"] for r in csv.DictReader((out / "errors.csv").open())}
+    assert set(errors) == {"truncated.png", "text.png", "empty.png"}
+    assert all("cannot read image" in reason for reason in errors.values()), errors
+    assert sorted(p.name for p in out.glob("*.png")) == ["good.png", "whole.png"]
+
+
+def test_two_processes_write_what_one_process_writes(mars_run, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(13):
+        Image.fromarray(rng.integers(0, 255, (40 + i, 56), np.uint8)).save(folder / f"{i:02d}.png")
+    one = _predict_subprocess(mars_run, folder, tmp_path / "one")
+    assert one.wait(timeout=600) == 0, one.stdout.read()[-3000:]
+    port = free_port()
+    two = [_predict_subprocess(mars_run, folder, tmp_path / "two", "--coordinator", f"127.0.0.1:{port}",
+                               "--num-processes", "2", "--process-id", str(i), devices=4) for i in range(2)]
+    for process in two:
+        assert process.wait(timeout=600) == 0, process.stdout.read()[-3000:]
+    masks = sorted(p.name for p in (tmp_path / "one").glob("*.png"))
+    assert masks == sorted(p.name for p in (tmp_path / "two").glob("*.png")) and len(masks) == 13
+    for name in masks:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["written"] == 13 and summary["inputs"] == 13
+
+
+def test_exported_and_live_models_give_the_same_outputs(mars_run, tmp_path):
+    assert eval_main(["export", "--workdir", str(mars_run), "--output", str(tmp_path / "m.jax")]) == 0
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 255, (45, 70), np.uint8)).save(folder / f"{i}.png")
+    for flags, out in ((["--workdir", str(mars_run)], "live"), (["--exported", str(tmp_path / "m.jax")], "exported")):
+        assert eval_main(["predict", *flags, "--input", str(folder), "--output", str(tmp_path / out),
+                          "--no-progress"]) == 0
+    for i in range(5):
+        assert (tmp_path / "live" / f"{i}.png").read_bytes() == (tmp_path / "exported" / f"{i}.png").read_bytes()
+
+
+def test_the_params_only_predictor_keeps_no_optimizer_state(mars_run):
+    parts, params, step = restore_params(mars_run, mesh_of("data=2,tensor=4"))
+    live = LiveModel(parts, params)
+    assert step == 4 and live.batch == 8 * 2 and set(params) >= {"backbone"}
+    assert jax.tree.leaves(params)[0].sharding.mesh.shape["tensor"] == 4
+    with pytest.raises(ValueError, match="not divisible by data x fsdp = 2"):
+        LiveModel(parts, params, batch=7)
+    assert Unit("a.png", ()) == Unit("a.png", ())
