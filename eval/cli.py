@@ -48,6 +48,7 @@ def _predict(parser):
     parser.add_argument("--stride", type=int, help="mars: sliding-window stride in pixels (default 2/3 window)")
     parser.add_argument("--tta", choices=["flip"], help="mars: average with the mirrored pass")
     parser.add_argument("--overlay", action="store_true", help="mars: also write NAME.overlay.png")
+    parser.add_argument("--save-faces", metavar="DIR", help="deepfake: keep the face crops found in videos here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     _distributed(parser)
 
@@ -57,7 +58,8 @@ def _predict(parser):
         _start_distributed(a)
         summary = predict(a.workdir, a.input, a.output, a.mesh, a.step, a.exported, batch=a.batch,
                           overwrite=a.overwrite, workers=a.workers, threads=a.threads, prefetch=a.prefetch,
-                          progress=not a.no_progress, stride=a.stride, tta=a.tta, overlay=a.overlay)
+                          progress=not a.no_progress, stride=a.stride, tta=a.tta, overlay=a.overlay,
+                          save_faces=a.save_faces)
         return summary, 1 if summary["unreadable"] else 0
 
     return run

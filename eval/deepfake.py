@@ -3,10 +3,12 @@ DeepfakeBench computes them) are `triskele.train.metrics.deepfake`."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 from sklearn import metrics as skm
 
 
@@ -34,58 +36,116 @@ def write_artifacts(parts, params, source, totals, out_dir: Path) -> list[str]:
     return ["roc.png"]
 
 
-class DeepfakeIO:
-    """Inputs are videos: each folder of frames is one (frames directly under the input root form
-    one named after the root). The frame model scores `frames_per_video` frames sampled uniformly and
-    a video gets their mean; the video model scores one clip of `model.frames` of them.
-    `videos.csv` (video, records, fake_probability) and, for the frame model, `frames.csv`."""
+@dataclasses.dataclass
+class _Found:
+    """What one input gave the model: its records' names and face boxes, and the counts."""
 
-    def __init__(self, meta: dict[str, Any]):
+    names: list[str]
+    boxes: list[str]
+    frames_sampled: int
+    faces_found: int
+    reason: str = ""
+    crops: list[np.ndarray] | None = None
+
+
+class DeepfakeIO:
+    """Inputs are videos: a video file (.mp4 .avi .mov .mkv .webm), whose faces are found as
+    DeepfakeBench finds them (`triskele.train.data.faces`), or a folder of face crops (frames
+    directly under the input root form one video named after the root). The frame model scores
+    `frames_per_video` frames sampled uniformly and a video gets their mean; the video model
+    scores one clip of `model.frames` of them. `videos.csv` (video, frames_sampled, faces_found,
+    records, fake_probability, reason: why a video has no score) and, for the frame model,
+    `frames.csv` (per frame, with the face box); `save_faces` keeps the crops."""
+
+    def __init__(self, meta: dict[str, Any], save_faces: Path | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
+        from triskele.train.data.video import VIDEO_SUFFIXES
 
         self.size, self.clip = meta["image_size"], meta["frames"]
         self.per_video = meta["options"]["frames_per_video"]
-        self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
+        self.save_faces = Path(save_faces) if save_faces else None
+        self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES} | set(VIDEO_SUFFIXES)))
 
     def units(self, root: Path, files: list[Path]):
         from triskele.eval.engine import Unit
         from triskele.eval.inputs import relative_name
+        from triskele.train.data.video import VIDEO_SUFFIXES
 
-        videos: dict[Path, list[Path]] = {}
-        for frame in files:
-            videos.setdefault(frame.parent, []).append(frame)
-        return [Unit(root.name if folder.resolve() == root.resolve() else relative_name(folder, root),
-                     tuple(sorted(frames))) for folder, frames in sorted(videos.items())]
+        units = [Unit(relative_name(f, root), (f,)) for f in files if f.suffix.lower() in VIDEO_SUFFIXES]
+        folders: dict[Path, list[Path]] = {}
+        for frame in (f for f in files if f.suffix.lower() not in VIDEO_SUFFIXES):
+            folders.setdefault(frame.parent, []).append(frame)
+        units += [Unit(root.name if folder.resolve() == root.resolve() else relative_name(folder, root),
+                       tuple(sorted(frames))) for folder, frames in folders.items()]
+        return sorted(units, key=lambda u: u.key)
+
+    def _records(self, crops: list, names: list[str], boxes: list[str], sampled: int) -> tuple[np.ndarray, _Found]:
+        """The model's records from face crops (uint8 arrays or crop files), as training reads them."""
+        from triskele.models.preprocess import to_model_input
+        from triskele.train.data.deepfake import sample_uniformly
+        from triskele.train.data.images import open_image
+
+        def model_input(crop) -> np.ndarray:
+            return to_model_input(open_image(crop) if isinstance(crop, Path) else Image.fromarray(crop), self.size, 3)
+
+        found = _Found(names, boxes, sampled, len(crops))
+        if self.clip == 1:
+            records = np.stack([model_input(c) for c in crops]) if crops else np.zeros((0, self.size, self.size, 3))
+            return records.astype(np.float32), found
+        clip = sample_uniformly(list(range(len(crops))), self.clip)
+        if len(clip) < self.clip:
+            found.reason = found.reason or f"{len(clip)} frames with a face; the video model needs {self.clip}"
+            return np.zeros((0, self.clip, self.size, self.size, 3), np.float32), found
+        found.names, found.boxes = ["clip"], [""]
+        return np.stack([model_input(crops[i]) for i in clip])[None], found
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
         from triskele.train.data.deepfake import sample_uniformly
-        from triskele.train.data.images import read_image
+        from triskele.train.data.faces import video_faces
+        from triskele.train.data.video import VIDEO_SUFFIXES
 
+        if unit.paths[0].suffix.lower() in VIDEO_SUFFIXES:
+            faces = video_faces(unit.paths[0], self.per_video)
+            records, found = self._records(faces.crops, [f"{i:06d}" for i in faces.indices],
+                                           [" ".join(map(str, b)) for b in faces.boxes], faces.frames_sampled)
+            found.reason = faces.reason or found.reason
+            found.crops = faces.crops if self.save_faces else None
+            return records, found
         chosen = sample_uniformly(list(unit.paths), self.per_video)
-        if self.clip > 1:
-            clip = sample_uniformly(chosen, self.clip)
-            if len(clip) < self.clip:
-                raise ValueError(f"video {unit.key} has {len(clip)} frames; the video model needs {self.clip}")
-            return np.stack([read_image(p, self.size, 3) for p in clip])[None], ["clip"]
-        return np.stack([read_image(p, self.size, 3) for p in chosen]), [p.name for p in chosen]
+        return self._records(chosen, [p.name for p in chosen], [""] * len(chosen), len(chosen))
 
-    def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
-        scores = [float(p) for p in outputs["fake_probability"]]
-        return {"video": unit.key, "records": len(scores), "fake_probability": float(np.mean(scores)),
-                "frames": [[name, score] for name, score in zip(context, scores, strict=True)]}
+    def write(self, unit, found: _Found, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
+        import io
+
+        from triskele.train.files import write_atomically
+
+        scores = [float(p) for p in outputs.get("fake_probability", [])]
+        for name, crop in zip(found.names, found.crops or [], strict=False):
+            buffer = io.BytesIO()
+            Image.fromarray(crop).save(buffer, format="PNG")
+            write_atomically(self.save_faces / unit.key / f"{name}.png", buffer.getvalue())
+        return {"video": unit.key, "frames_sampled": found.frames_sampled, "faces_found": found.faces_found,
+                "records": len(scores), "fake_probability": float(np.mean(scores)) if scores else None,
+                "reason": found.reason, "frames": [[n, p, b] for n, p, b in zip(found.names, scores, found.boxes,
+                                                                                 strict=False)]}
 
     def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
         from triskele.eval.engine import write_csv
 
+        def score(p: float | None) -> str:
+            return "" if p is None else f"{p:.6f}"
+
         written = ["videos.csv"]
-        write_csv(out_dir / "videos.csv", ["video", "records", "fake_probability"],
-                   [[r["video"], r["records"], f"{r['fake_probability']:.6f}"] for r in rows])
+        write_csv(out_dir / "videos.csv",
+                  ["video", "frames_sampled", "faces_found", "records", "fake_probability", "reason"],
+                  [[r["video"], r["frames_sampled"], r["faces_found"], r["records"], score(r["fake_probability"]),
+                    r["reason"]] for r in rows])
         if self.clip == 1:
-            write_csv(out_dir / "frames.csv", ["video", "frame", "fake_probability"],
-                       [[r["video"], name, f"{p:.6f}"] for r in rows for name, p in r["frames"]])
+            write_csv(out_dir / "frames.csv", ["video", "frame", "fake_probability", "box"],
+                      [[r["video"], name, score(p), box] for r in rows for name, p, box in r["frames"]])
             written.append("frames.csv")
         return written
 
 
 def predict_io(meta: dict[str, Any], options) -> DeepfakeIO:
-    return DeepfakeIO(meta)
+    return DeepfakeIO(meta, options.save_faces)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import queue
 import threading
 import time
@@ -29,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 from triskele.mesh.chunks import run_groups
 from triskele.train.data.pipeline import prefetched
+from triskele.train.files import write_atomically
 
 STATE_DIR = ".triskele-predict"
 """Under the output folder: one JSON per finished input (its result row) and per unreadable one."""
@@ -63,14 +63,6 @@ class PredictIO(Protocol):
     def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
         """Files made from every input's row (e.g. a CSV), written once at the end by process 0."""
         ...
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """A file appears whole or not at all (a killed job leaves no half-written output)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
 
 
 class Journal:

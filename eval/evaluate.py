@@ -74,6 +74,8 @@ class PredictOptions:
     """mars: 'flip' averages the probabilities of the mirrored pass."""
     overlay: bool = False
     """mars: also write a colour overlay of the classes over each image."""
+    save_faces: Path | None = None
+    """deepfake: keep the face crops found in video files here (<video>/<frame>.png)."""
     workdir: Path | None = None
     """Where the run keeps what prediction may use beside the model (merch's gallery index)."""
 

@@ -212,7 +212,7 @@ class MarsIO:
         import io
 
         from PIL import Image
-        from triskele.eval.engine import write_atomically
+        from triskele.train.files import write_atomically
 
         frame_shape, native_shape = context
         mask = self.probabilities(outputs["logits"], frame_shape, native_shape).argmax(-1).astype(np.uint8)

@@ -117,7 +117,7 @@ class MerchIO:
         import io
 
         from PIL import Image, ImageDraw
-        from triskele.eval.engine import write_atomically
+        from triskele.train.files import write_atomically
 
         gallery, names = self.gallery
         found_names = names[np.argmax(embeddings @ gallery.T, axis=1)]

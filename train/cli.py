@@ -14,7 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m triskele.train",
         description="Train a triskele preset. With no arguments: mars-tiny on synthetic data, local devices. "
-                    "`python -m triskele.train plan --help`: the mesh planner.",
+                    "`python -m triskele.train plan --help`: the mesh planner; "
+                    "`python -m triskele.train prepare deepfake --help`: face crops from videos.",
     )
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), metavar="NAME",
                         help=f"named preset (default {DEFAULT_PRESET}); one of {', '.join(PRESETS)}")
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         from triskele.train.plan import main as plan_main
 
         return plan_main(argv[1:])
+    if argv[:1] == ["prepare"]:
+        from triskele.train.prepare import main as prepare_main
+
+        return prepare_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.local_processes:
         from triskele.train.launch import launch_local

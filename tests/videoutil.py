@@ -1,0 +1,78 @@
+"""Test videos made from a real photograph that scikit-image ships (the astronaut Eileen Collins):
+pans, a zoom, a second smaller face, frames with the face covered, a plain wall; written with
+OpenCV's mp4v codec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+FRAME = (320, 240)  # width, height
+FACE = (179, 83, 266, 170)
+"""The face's box in the 512 x 512 photograph (dlib, no upsampling)."""
+
+
+def photograph() -> np.ndarray:
+    from skimage import data
+
+    return data.astronaut()
+
+
+def write_video(path: Path, frames: list[np.ndarray], fps: int = 10) -> Path:
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    height, width = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    for frame in frames:
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+    return path
+
+
+def pan_offsets(count: int = 40) -> list[tuple[int, int]]:
+    """(left, top) of each frame's window over the photograph: a pan left to right."""
+    return [(int(round(x)), 20) for x in np.linspace(0, 120, count)]
+
+
+def face_centre(offset: tuple[int, int]) -> tuple[float, float]:
+    return (FACE[0] + FACE[2]) / 2 - offset[0], (FACE[1] + FACE[3]) / 2 - offset[1]
+
+
+def pan(count: int = 40, covered: range = range(0), shift: tuple[int, int, int] = (0, 0, 0),
+        second_face: range = range(0)) -> list[np.ndarray]:
+    """Frames panning over the photograph; `covered` frames have the face painted over, `shift`
+    adds to the colour channels (a crude 'manipulation'), `second_face` frames show a smaller copy
+    of the face in the bottom left corner (a passer-by)."""
+    photo = photograph().astype(np.int16)
+    small = np.asarray(Image.fromarray(photograph()[60:190, 160:285]).resize((75, 78)))
+    frames = []
+    for i, (left, top) in enumerate(pan_offsets(count)):
+        frame = photo[top : top + FRAME[1], left : left + FRAME[0]].copy() + np.array(shift, np.int16)
+        if i in covered:
+            cx, cy = face_centre((left, top))
+            frame[int(cy) - 60 : int(cy) + 60, int(cx) - 60 : int(cx) + 60] = 128
+        if i in second_face:
+            frame[FRAME[1] - 80 : FRAME[1] - 2, 4:79] = small
+        frames.append(np.clip(frame, 0, 255).astype(np.uint8))
+    return frames
+
+
+def zoom(count: int = 24) -> list[np.ndarray]:
+    """Frames zooming in on the face."""
+    photo = Image.fromarray(photograph())
+    frames = []
+    for scale in np.linspace(1.0, 1.6, count):
+        size = int(512 * scale)
+        big = np.asarray(photo.resize((size, size), Image.BILINEAR))
+        cx, cy = int(222 * scale), int(126 * scale)
+        left, top = max(0, cx - FRAME[0] // 2), max(0, cy - FRAME[1] // 2)
+        frames.append(np.ascontiguousarray(big[top : top + FRAME[1], left : left + FRAME[0]]))
+    return frames
+
+
+def wall(count: int = 20) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [np.clip(150 + rng.normal(0, 3, (FRAME[1], FRAME[0], 3)), 0, 255).astype(np.uint8) for _ in range(count)]

@@ -1,0 +1,127 @@
+"""`python -m triskele.train prepare deepfake --input RAW --output DIR`: face-crop frames from videos.
+
+A FaceForensics++ video tree (`original_sequences/youtube/<c>/videos/*.mp4`,
+`manipulated_sequences/<Method>/<c>/videos/*.mp4`, `splits/*.json`) or a generic
+`[<split>/]{real,fake}/<video>.mp4` tree becomes the frame layout the deepfake loader reads:
+each video's folder `videos/` becomes `frames/`, and the video `<name>.mp4` a folder `<name>/` of
+face crops `<frame index>.png`; the split files are copied. `DIR/manifest.json` lists per video
+the frames decoded and sampled, the crops written, and the frames left out and why (no face, only
+other faces); a video that cannot be read is listed with the reason and the rest go on. Each
+finished video is recorded (`DIR/.prepare/`), so a rerun skips it; videos run in parallel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from tqdm import tqdm
+from triskele.train.data.faces import CROP_SIZE, video_faces
+from triskele.train.data.video import VIDEO_SUFFIXES
+from triskele.train.files import write_atomically
+
+
+def frames_folder(video: Path, raw: Path, out: Path) -> Path:
+    """Where a video's crops go: its path under `raw`, `videos` -> `frames`, the suffix dropped."""
+    parts = ["frames" if part == "videos" else part for part in video.relative_to(raw).with_suffix("").parts]
+    return out.joinpath(*parts)
+
+
+def _record_path(out: Path, key: str) -> Path:
+    return out / ".prepare" / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".json")
+
+
+def prepare_video(task: tuple[Path, Path, Path, int, int]) -> dict[str, Any]:
+    """One video -> its crops and its manifest entry (also written to DIR/.prepare/)."""
+    video, raw, out, frames, size = task
+    key = video.relative_to(raw).as_posix()
+    entry: dict[str, Any] = {"video": key}
+    try:
+        faces = video_faces(video, frames, size)
+    except ValueError as err:
+        entry["error"] = str(err)
+        return entry
+    folder = frames_folder(video, raw, out)
+    for index, crop in zip(faces.indices, faces.crops, strict=True):
+        buffer = io.BytesIO()
+        Image.fromarray(crop).save(buffer, format="PNG")
+        write_atomically(folder / f"{index:06d}.png", buffer.getvalue())
+    entry.update(frames=str(folder.relative_to(out)) if faces.crops else None, frames_decoded=faces.frames_decoded,
+                 frames_sampled=faces.frames_sampled, frames_written=len(faces.crops),
+                 left_out={str(i): why for i, why in faces.left_out.items()},
+                 **({"reason": faces.reason} if faces.reason else {}))
+    write_atomically(_record_path(out, key), json.dumps(entry).encode())
+    return entry
+
+
+def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers: int = 0, size: int = CROP_SIZE,
+                     progress: bool = True) -> dict[str, Any]:
+    raw, out = Path(raw), Path(out)
+    if not raw.is_dir():
+        raise ValueError(f"--input {raw} is not a folder of videos")
+    if frames < 1:
+        raise ValueError(f"--frames {frames} must be at least 1")
+    videos = sorted(p for p in raw.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES)
+    if not videos:
+        raise ValueError(f"--input {raw} holds no videos ({', '.join(VIDEO_SUFFIXES)}): expected a FaceForensics++ "
+                         "tree (original_sequences/youtube/<c>/videos/*.mp4, ...) or [<split>/]{real,fake}/<video>.mp4")
+    for split_file in raw.glob("splits/*.json"):
+        write_atomically(out / "splits" / split_file.name, split_file.read_bytes())
+    done = {v for v in videos if _record_path(out, v.relative_to(raw).as_posix()).is_file()}
+    todo = [(v, raw, out, frames, size) for v in videos if v not in done]
+    started, entries = time.perf_counter(), []
+    bar = tqdm(total=len(todo), disable=not progress, unit="video", dynamic_ncols=True)
+    pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 0 else None
+    try:
+        for entry in (pool.imap_unordered(prepare_video, todo) if pool else map(prepare_video, todo)):
+            entries.append(entry)
+            bar.update(1)
+            sampled = sum(e.get("frames_sampled", 0) for e in entries)
+            bar.set_postfix(frames_s=f"{sampled / max(time.perf_counter() - started, 1e-9):.1f}")
+    finally:
+        bar.close()
+        if pool:
+            pool.close()
+            pool.join()
+    seconds = time.perf_counter() - started
+    recorded = [json.loads(_record_path(out, v.relative_to(raw).as_posix()).read_text())
+                for v in videos if _record_path(out, v.relative_to(raw).as_posix()).is_file()]
+    errors = [e for e in entries if "error" in e]
+    manifest = {"input": str(raw), "frames": frames, "size": size, "videos": recorded + errors}
+    write_atomically(out / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+    sampled = sum(e.get("frames_sampled", 0) for e in entries)
+    return {"videos": len(videos), "prepared": len(entries) - len(errors), "skipped": len(done),
+            "unreadable": len(errors), "no_face": sum(1 for e in recorded if e.get("reason")),
+            "frames_written": sum(e.get("frames_written", 0) for e in recorded), "seconds": round(seconds, 3),
+            "frames_per_sec": round(sampled / seconds, 2) if seconds > 0 else 0.0, "output": str(out)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m triskele.train prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("domain", choices=["deepfake"], help="what to prepare")
+    parser.add_argument("--input", required=True, help="the raw video tree")
+    parser.add_argument("--output", required=True, help="where the frame layout goes")
+    parser.add_argument("--frames", type=int, default=32, help="frames sampled per video (default 32)")
+    parser.add_argument("--size", type=int, default=CROP_SIZE, help=f"crop side in pixels (default {CROP_SIZE})")
+    parser.add_argument("--workers", type=int, default=0, help="worker processes (default 0: this one)")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        summary = prepare_deepfake(args.input, args.output, args.frames, args.workers, args.size,
+                                   not args.no_progress)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
+    return 1 if summary["unreadable"] else 0
+
+
