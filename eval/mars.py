@@ -91,32 +91,18 @@ def blended(image: np.ndarray, mask: np.ndarray, alpha: float = 0.45) -> np.ndar
     return np.asarray(picture)
 
 
-def _frame_predictions(parts, params, records: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """Class masks of whole frames at their labels' resolution, as evaluation computes them."""
-    from triskele.mesh.chunks import run_groups
-    from triskele.models.sliding import default_stride, extract_windows
-    from triskele.train.domains.mars import frame_logits
-    from triskele.train.serve import ServeRunner
-
-    window = parts.config.model.image_size
-    stride = default_stride(window)
-    runner = ServeRunner(parts.graphdef, params, parts.mesh, parts.config.data.global_batch)
-    groups = ((r, extract_windows(r["image"], window, stride)) for r in records)
-    return [frame_logits(out["logits"], r["image"].shape[:2], r["label"].shape, stride).argmax(-1)
-            for r, out in run_groups(runner.dispatch, runner.fetch, groups, runner.batch)]
-
-
 def write_artifacts(parts, params, source, totals, out_dir: Path, examples: int = 4) -> list[str]:
     """The confusion-matrix plot and `examples` overlays (image | truth | prediction) of whole frames."""
     from PIL import Image
+    from triskele.train.domains.mars import whole_frames
 
     plot_confusion(totals["confusion"], out_dir / "confusion.png")
     written = ["confusion.png"]
-    records = [source.load(i) for i in range(min(examples, len(source)))]
-    for i, (record, prediction) in enumerate(zip(records, _frame_predictions(parts, params, records), strict=True)):
+    records = (source.load(i) for i in range(min(examples, len(source))))
+    for i, (record, logits) in enumerate(whole_frames(parts, params, records)):
         name = f"overlay_{i}.png"
         image = resize_bilinear(record["image"], *record["label"].shape)  # a scaled frame at its label's size
-        Image.fromarray(overlay(image, record["label"], prediction)).save(out_dir / name)
+        Image.fromarray(overlay(image, record["label"], logits.argmax(-1))).save(out_dir / name)
         written.append(name)
     return written
 

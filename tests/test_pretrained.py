@@ -111,23 +111,20 @@ def test_import_export_import_round_trip_is_bit_exact(tmp_path):
 
 
 # Hugging Face: random models built here (no download), compared with transformers itself.
-def hf_model(tmp_path, as_folder: bool, classifier: bool):
+def random_hf_vit(classifier: bool, seed: int = 0):
+    """A random transformers ViT (norm scales near 1) and the function giving its last hidden
+    state for NCHW images."""
     torch = pytest.importorskip("torch", reason="the Hugging Face parity tests need torch (pip install torch==2.13.0)")
     transformers = pytest.importorskip("transformers", reason="the Hugging Face parity tests need transformers")
     config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                                     image_size=32, patch_size=8, num_labels=5)
     cls = transformers.ViTForImageClassification if classifier else transformers.ViTModel
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             scale = 1.0 if "layernorm" in name and "weight" in name else 0.0  # norm scales near 1
             parameter.copy_(0.1 * torch.randn_like(parameter) + scale)
-    folder = tmp_path / ("folder" if as_folder else "file")
-    model.save_pretrained(folder)
-    path = folder if as_folder else folder / "model.safetensors"
-    if not as_folder:
-        (folder / "config.json").unlink()  # a bare file: the epsilon falls back to Hugging Face's default
     backbone = model.vit if classifier else model
 
     def reference(images):
@@ -135,6 +132,16 @@ def hf_model(tmp_path, as_folder: bool, classifier: bool):
             out = backbone(pixel_values=torch.from_numpy(images), interpolate_pos_encoding=True)
         return out.last_hidden_state.numpy()
 
+    return model, reference
+
+
+def hf_model(tmp_path, as_folder: bool, classifier: bool):
+    model, reference = random_hf_vit(classifier)
+    folder = tmp_path / ("folder" if as_folder else "file")
+    model.save_pretrained(folder)
+    path = folder if as_folder else folder / "model.safetensors"
+    if not as_folder:
+        (folder / "config.json").unlink()  # a bare file: the epsilon falls back to Hugging Face's default
     return path, reference
 
 

@@ -9,38 +9,19 @@ import numpy as np
 import pytest
 from flax import nnx
 from flax.traverse_util import flatten_dict
-from test_pretrained import FIXTURES, SMALL, TOLERANCE, imported, max_relative_difference
+from test_pretrained import FIXTURES, SMALL, TOLERANCE, imported, max_relative_difference, random_hf_vit
 from triskele.models import ViT, ViTConfig
 from triskele.train.cli import main as train_main
 from triskele.train.pretrained import load_pretrained
 from triskele.train.safetensors import SafetensorsFile, write_safetensors
 from triskele.train.state import TrainState
 
-torch = pytest.importorskip("torch", reason="the Hugging Face tests need torch (pip install torch==2.13.0)")
-transformers = pytest.importorskip("transformers", reason="the Hugging Face tests need transformers")
-
 
 def hf_state_dict(classifier: bool):
-    """A random transformers 5 ViT, its `state_dict()` as numpy (the in-memory module names), and
-    the function giving its last hidden state."""
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                                    image_size=32, patch_size=8, num_labels=5)
-    cls = transformers.ViTForImageClassification if classifier else transformers.ViTModel
-    torch.manual_seed(1)
-    model = cls(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            scale = 1.0 if "layernorm" in name and "weight" in name else 0.0
-            parameter.copy_(0.1 * torch.randn_like(parameter) + scale)
-    tensors = {k: v.numpy().copy() for k, v in model.state_dict().items()}
-    backbone = model.vit if classifier else model
-
-    def reference(images):
-        with torch.no_grad():
-            out = backbone(pixel_values=torch.from_numpy(images), interpolate_pos_encoding=True)
-        return out.last_hidden_state.numpy()
-
-    return tensors, reference
+    """A random transformers 5 ViT's `state_dict()` as numpy (the in-memory module names), and the
+    function giving its last hidden state."""
+    model, reference = random_hf_vit(classifier, seed=1)
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}, reference
 
 
 @pytest.mark.parametrize("classifier, strip_prefix", [(False, False), (True, False), (True, True)],
@@ -78,8 +59,7 @@ def _layouts(tmp_path: Path) -> dict[str, dict[str, np.ndarray]]:
 
     timm = SafetensorsFile(FIXTURES / "timm_vit.safetensors")
     hub, _ = hf_state_dict(classifier=True)
-    model = transformers.ViTForImageClassification(transformers.ViTConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8))
+    model, _ = random_hf_vit(classifier=True, seed=2)
     model.save_pretrained(tmp_path / "hub")
     saved = SafetensorsFile(tmp_path / "hub" / "model.safetensors")
     return {"timm": {k: timm.get(k) for k in timm.shapes}, "transformers5": hub,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,29 +75,39 @@ def frame_logits(window_logits: np.ndarray, frame_shape: tuple[int, int], label_
     return resize_bilinear(stitch(window_logits, *frame_shape, stride), *label_shape)
 
 
-def evaluate_frames(parts: Any, params: Any, source: Source) -> dict[str, Any]:
-    """Whole frames by sliding windows (stride 2/3 of the window), every labelled pixel scored at
-    the label's native resolution: the confusion matrix and the class-weighted cross-entropy."""
+def whole_frames(parts: Any, params: Any, records: Iterable[dict[str, np.ndarray]]
+                 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """(record, logits at its label's resolution) for whole frames, by sliding windows (stride 2/3
+    of the window) through the model in batches of the run's global batch."""
     window = parts.config.model.image_size
     stride = default_stride(window)
     runner = ServeRunner(parts.graphdef, params, parts.mesh, parts.config.data.global_batch)
+    groups = ((record, extract_windows(record["image"], window, stride)) for record in records)
+    for record, outputs in run_groups(runner.dispatch, runner.fetch, groups, runner.batch):
+        yield record, frame_logits(outputs["logits"], record["image"].shape[:2], record["label"].shape, stride)
+
+
+def evaluate_frames(parts: Any, params: Any, source: Source) -> dict[str, Any]:
+    """Every labelled pixel of every whole frame scored at the label's native resolution: the
+    confusion matrix and the class-weighted cross-entropy."""
     skip = getattr(source, "bad", {})
 
-    def frames():
+    def records():
         for index in range(len(source)):
-            record = source.load(index)
+            record = source.load(index)  # a bad record is noted in `skip` as it loads
             if index not in skip:
-                yield (record["image"].shape[:2], record["label"]), extract_windows(record["image"], window, stride)
+                yield record
 
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), np.float64)
     loss_sum = weight_sum = 0.0
     weights = np.asarray(DEFAULT_CLASS_WEIGHTS, np.float64)
-    for (frame_shape, label), outputs in run_groups(runner.dispatch, runner.fetch, frames(), runner.batch):
-        logits = frame_logits(outputs["logits"], frame_shape, label.shape, stride).astype(np.float64)
+    for record, logits in whole_frames(parts, params, records()):
+        label = record["label"]
         labelled = label != IGNORE_LABEL
         truth = label[labelled].astype(np.int64)
-        np.add.at(confusion, (truth, logits.argmax(-1)[labelled]), 1)
-        shifted = logits[labelled] - logits[labelled].max(-1, keepdims=True)
+        logits = logits[labelled].astype(np.float64)
+        np.add.at(confusion, (truth, logits.argmax(-1)), 1)
+        shifted = logits - logits.max(-1, keepdims=True)
         nll = np.log(np.exp(shifted).sum(-1)) - shifted[np.arange(len(truth)), truth]
         loss_sum += float((nll * weights[truth]).sum())
         weight_sum += float(weights[truth].sum())
