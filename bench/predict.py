@@ -28,7 +28,7 @@ from common import machine, print_table, write_json
 from PIL import Image
 from triskele.eval.engine import predict_files
 from triskele.eval.evaluate import PredictOptions
-from triskele.eval.predict import load_model
+from triskele.eval.model import load_model
 from triskele.eval.quantize import quantize_checkpoint
 from triskele.train import make_config, train
 from triskele.train.domains import get_domain

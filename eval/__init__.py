@@ -6,9 +6,10 @@ models); the rest loads on first use.
 
 from triskele.eval.exported import load_exported
 
-__all__ = ["evaluate_checkpoint", "export_model", "load_exported", "predict"]
+__all__ = ["evaluate_checkpoint", "export_model", "load_exported", "predict", "predict_iter"]
 
 _LAZY = {"evaluate_checkpoint": "triskele.eval.evaluate", "predict": "triskele.eval.evaluate",
+         "predict_iter": "triskele.eval.evaluate",
          "export_model": "triskele.eval.export"}
 
 

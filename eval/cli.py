@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from triskele.eval.predict import INFERENCE_BATCH_PER_DEVICE
+from triskele.eval.model import INFERENCE_BATCH_PER_DEVICE
 
 
 def _common(parser: argparse.ArgumentParser, workdir_required: bool = True) -> None:

@@ -108,49 +108,82 @@ class _SafeRead:
             return index, None, None, str(err)
 
 
-class _Run:
-    def __init__(self, model: Any, io: PredictIO, units: list[Unit], out_dir: Path, batch: int, bar: tqdm):
-        self.model, self.io, self.units, self.out_dir, self.batch, self.bar = model, io, units, out_dir, batch, bar
-        self.journal = Journal(out_dir)
-        self.writes: queue.Queue = queue.Queue(maxsize=4)
+@dataclasses.dataclass
+class Prediction:
+    """One input's model outputs (its records' outputs, stacked) and the reader's context, or the
+    reason it could not be read."""
+
+    unit: Unit
+    outputs: dict[str, np.ndarray] | None
+    context: Any = None
+    error: str | None = None
+
+
+def predictions(model: Any, io: PredictIO, units: Sequence[Unit], threads: int = 4, prefetch: int = 8,
+                workers: int = 0) -> Iterator[Prediction]:
+    """Every input through the model, streamed: read ahead in Grain threads or workers, records
+    packed into the model's batches; each input's `Prediction` as soon as its last record is out."""
+    units = list(units)
+    dataset = grain.MapDataset.source(range(len(units))).map(_SafeRead(io, units))
+    reads = prefetched(dataset, threads, prefetch, workers) if units else iter(())
+    unreadable: list[Prediction] = []
+
+    def groups() -> Iterator[tuple[tuple[int, Any], np.ndarray]]:
+        for index, records, context, error in reads:
+            if error is None:
+                yield (index, context), records
+            else:
+                unreadable.append(Prediction(units[index], None, error=error))
+
+    for (index, context), outputs in run_groups(model.dispatch, model.fetch, groups(), model.batch):
+        yield from unreadable
+        unreadable.clear()
+        yield Prediction(units[index], outputs, context)
+    yield from unreadable
+
+
+def iter_predictions(model: Any, io: PredictIO, input_spec: str | Path, **options: int) -> Iterator[Prediction]:
+    """For notebooks: the predictions of every input of `input_spec`, nothing written."""
+    from triskele.eval.inputs import list_inputs
+
+    return predictions(model, io, io.units(*list_inputs(input_spec, io.suffixes)), **options)
+
+
+class _Writer:
+    """Hands each finished input to the domain's writer in a background thread and records it."""
+
+    def __init__(self, io: PredictIO, out_dir: Path, bar: tqdm):
+        self.io, self.out_dir, self.bar, self.journal = io, out_dir, bar, Journal(out_dir)
+        self.queue: queue.Queue = queue.Queue(maxsize=4)
         self.written = self.unreadable = self.records = 0
         self.failure: BaseException | None = None
-        self.writer = threading.Thread(target=self._write_loop, daemon=True)
+        self.thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _write_loop(self) -> None:
-        while (item := self.writes.get()) is not None:
-            unit, context, outputs = item
+    def _loop(self) -> None:
+        while (item := self.queue.get()) is not None:
             try:
-                self.journal.record(unit, self.io.write(unit, context, outputs, self.out_dir))
+                self.journal.record(item.unit, self.io.write(item.unit, item.context, item.outputs, self.out_dir))
                 self.written += 1
             except Exception as err:  # an output that cannot be written: reported at the end, the rest go on
                 self.failure = self.failure or err
-                self.journal.record_error(unit, f"writing its output failed: {err}")
+                self.journal.record_error(item.unit, f"writing its output failed: {err}")
                 self.unreadable += 1
             self.bar.update(1)
 
-    def _groups(self, reads: Iterator[tuple[int, np.ndarray | None, Any, str | None]]) -> Iterator[tuple]:
-        """The readable inputs' records; the unreadable ones recorded as errors on the way."""
-        for index, records, context, error in reads:
-            if error is not None:
-                self.journal.record_error(self.units[index], error)
-                self.unreadable += 1
-                self.bar.update(1)
-                continue
-            self.records += len(records)
-            yield (index, context), records
-
-    def run(self, threads: int, prefetch: int, workers: int) -> None:
-        dataset = grain.MapDataset.source(range(len(self.units))).map(_SafeRead(self.io, self.units))
-        reads = prefetched(dataset, threads, prefetch, workers) if self.units else iter(())
-        self.writer.start()
+    def run(self, stream: Iterator[Prediction]) -> None:
+        self.thread.start()
         try:
-            for (index, context), outputs in run_groups(self.model.dispatch, self.model.fetch, self._groups(reads),
-                                                        self.batch):
-                self.writes.put((self.units[index], context, outputs))
+            for prediction in stream:
+                if prediction.error is not None:
+                    self.journal.record_error(prediction.unit, prediction.error)
+                    self.unreadable += 1
+                    self.bar.update(1)
+                    continue
+                self.records += len(next(iter(prediction.outputs.values()), ()))
+                self.queue.put(prediction)
         finally:
-            self.writes.put(None)
-            self.writer.join()
+            self.queue.put(None)
+            self.thread.join()
 
 
 def _gather(values: list[int]) -> list[int]:
@@ -177,8 +210,8 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
     out_dir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(todo), disable=not progress or jax.process_index() != 0, unit="input", dynamic_ncols=True)
     started = time.perf_counter()
-    run = _Run(model, io, todo, out_dir, model.batch, bar)
-    run.run(threads, prefetch, workers)
+    run = _Writer(io, out_dir, bar)
+    run.run(predictions(model, io, todo, threads, prefetch, workers))
     seconds = time.perf_counter() - started
     bar.close()
     written, skipped, unreadable, records = _gather([run.written, len(mine) - len(todo), run.unreadable, run.records])

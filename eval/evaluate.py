@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
-from triskele.eval.engine import predict_files
-from triskele.eval.predict import LiveModel, load_model
+from triskele.eval.engine import Prediction, iter_predictions, predict_files
+from triskele.eval.model import LiveModel, load_model
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
 from triskele.train.data.bad_records import tolerant
@@ -92,6 +93,17 @@ def predict(workdir: str | Path | None, input_spec: str | Path, output_dir: str 
     io = get_domain(model.meta["domain"]).evaluator().predict_io(model.meta, predict_options)
     return predict_files(model, io, input_spec, output_dir, overwrite=overwrite, threads=threads,
                          prefetch=prefetch, workers=workers, progress=progress)
+
+
+def predict_iter(workdir: str | Path | None, input_spec: str | Path, mesh: str | None = None,
+                 step: int | None = None, exported: str | Path | None = None, batch: int | None = None,
+                 **options: Any) -> Iterator[Prediction]:
+    """For notebooks: each input's model outputs as they come (`Prediction(unit, outputs, context,
+    error)`), through the same engine as `predict`, nothing written."""
+    model = load_model(workdir, exported, mesh, step, batch)
+    io = get_domain(model.meta["domain"]).evaluator().predict_io(
+        model.meta, PredictOptions(**options, workdir=Path(workdir) if workdir else None))
+    return iter_predictions(model, io, input_spec)
 
 
 def build_gallery(workdir: str | Path, input_dir: str | Path, mesh: str | None = None,

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from triskele.eval.exported import EXPORT_FORMAT, EXPORT_VERSION, sidecar_path
-from triskele.eval.predict import model_meta
+from triskele.eval.model import model_meta
 from triskele.mesh import make_mesh
 from triskele.models.preprocess import describe_input
 from triskele.train.run import restore_run

@@ -13,7 +13,7 @@ from triskele.eval import load_exported
 from triskele.eval.cli import main as eval_main
 from triskele.eval.export import export_model
 from triskele.eval.exported import EXPORT_VERSION
-from triskele.eval.predict import LiveModel
+from triskele.eval.model import LiveModel
 from triskele.train.run import restore_run
 
 pytestmark = pytest.mark.xdist_group("domain_runs")  # shares a session fixture: one worker runs them

@@ -17,7 +17,7 @@ from PIL import Image
 from trainutil import mesh_of, run
 from triskele.eval.cli import main as eval_main
 from triskele.eval.engine import Unit, predict_files
-from triskele.eval.predict import LiveModel, load_model
+from triskele.eval.model import LiveModel, load_model
 from triskele.models.sliding import default_stride, extract_windows, stitch, window_boxes
 from triskele.train.launch import free_port
 from triskele.train.run import restore_params
@@ -283,3 +283,16 @@ def test_the_params_only_predictor_keeps_no_optimizer_state(mars_run):
     with pytest.raises(ValueError, match="not divisible by data x fsdp = 2"):
         LiveModel(parts, params, batch=7)
     assert Unit("a.png", ()) == Unit("a.png", ())
+
+
+def test_notebooks_get_an_iterator_of_predictions(mars_run, tmp_path):
+    from triskele.eval import predict, predict_iter
+
+    for name, size in (("a.png", (40, 40)), ("b.png", (30, 70))):
+        Image.fromarray(np.full(size, 100, np.uint8)).save(tmp_path / name)
+    (tmp_path / "c.png").write_bytes(b"")
+    got = {p.unit.key: p for p in predict_iter(mars_run, tmp_path, mesh="data=8")}
+    assert set(got) == {"a.png", "b.png", "c.png"} and "cannot read image" in got["c.png"].error
+    windows = got["b.png"].outputs["logits"]
+    assert windows.shape == (len(window_boxes(30, 70, 32, 21)), 32, 32, 4)
+    assert callable(predict)

@@ -9,7 +9,7 @@ from trainutil import mesh_of, train_small
 from triskele.eval.cli import main as eval_main
 from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.eval.merch import compliance_report
-from triskele.eval.predict import LiveModel
+from triskele.eval.model import LiveModel
 from triskele.train.data.merch import (
     EMPTY,
     GALLERY,
