@@ -16,7 +16,7 @@ from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
 from triskele.train.data.bad_records import tolerant
 from triskele.train.domains import get_domain
-from triskele.train.run import evaluate_split, restore_params
+from triskele.train.run import evaluate_split, restore_params, restore_run
 
 
 def evaluate_checkpoint(
@@ -27,9 +27,10 @@ def evaluate_checkpoint(
     step: int | None = None,
     holdout: str | None = None,
 ) -> dict[str, Any]:
-    """Restores the parameters of the latest (or `step`) checkpoint of `workdir` onto `mesh`
-    (default: all local devices on `data`), evaluates `split` of its data (or of `data`), writes
-    the report, returns it.
+    """Restores the latest (or `step`) checkpoint of `workdir` onto `mesh` (default: all local
+    devices on `data`), evaluates `split` of its data (or of `data`), writes the report, returns it.
+    The whole state is read, so that a damaged checkpoint is reported even where its parameters
+    alone would still read.
 
     `holdout` (deepfake) evaluates only the fakes of that manipulation method, plus all reals."""
     workdir = Path(workdir)
@@ -38,7 +39,8 @@ def evaluate_checkpoint(
         overrides["data.path"] = data
     if holdout:
         overrides["deepfake.eval_methods"] = holdout
-    parts, params, step = restore_params(workdir, make_mesh(mesh or ""), step, overrides)
+    parts, state, step = restore_run(workdir, make_mesh(mesh or ""), step, overrides)
+    params = state.params
     domain, evaluator = parts.domain, parts.domain.evaluator()
     source = tolerant(domain.open_split(parts.config, split), parts.config.data.bad_records, split)
     totals = evaluate_split(parts, params, source)
