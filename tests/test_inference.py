@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 from trainutil import mesh_of, run
 from triskele.eval.cli import main as eval_main
-from triskele.eval.engine import Unit, predict_files
+from triskele.eval.engine import predict_files
 from triskele.eval.model import LiveModel, load_model
 from triskele.models.sliding import default_stride, extract_windows, stitch, window_boxes
 from triskele.train.launch import free_port
@@ -282,7 +282,6 @@ def test_the_params_only_predictor_keeps_no_optimizer_state(mars_run):
     assert jax.tree.leaves(params)[0].sharding.mesh.shape["tensor"] == 4
     with pytest.raises(ValueError, match="not divisible by data x fsdp = 2"):
         LiveModel(parts, params, batch=7)
-    assert Unit("a.png", ()) == Unit("a.png", ())
 
 
 def test_notebooks_get_an_iterator_of_predictions(mars_run, tmp_path):
