@@ -15,7 +15,8 @@ from triskele.eval.model import INFERENCE_BATCH_PER_DEVICE
 
 def _common(parser: argparse.ArgumentParser, workdir_required: bool = True) -> None:
     parser.add_argument("--workdir", required=workdir_required, help="the training run's folder (holds checkpoints/)")
-    parser.add_argument("--mesh", help="mesh spec to run on (default: all local devices on data)")
+    parser.add_argument("--mesh", help="mesh spec to run on, or auto (evaluation: the planner's pick); default: "
+                        "all local devices on data")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
 
 

@@ -14,6 +14,7 @@ from triskele.eval.engine import Prediction, iter_predictions, predict_files
 from triskele.eval.model import LiveModel, load_model
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
+from triskele.train.auto_mesh import AUTO
 from triskele.train.data.bad_records import tolerant
 from triskele.train.domains import get_domain
 from triskele.train.run import evaluate_split, restore_params, restore_run
@@ -28,7 +29,8 @@ def evaluate_checkpoint(
     holdout: str | None = None,
 ) -> dict[str, Any]:
     """Restores the latest (or `step`) checkpoint of `workdir` onto `mesh` (default: all local
-    devices on `data`), evaluates `split` of its data (or of `data`), writes the report, returns it.
+    devices on `data`; `auto`: the planner's pick), evaluates `split` of its data (or of `data`),
+    writes the report, returns it.
     The whole state is read, so that a damaged checkpoint is reported even where its parameters
     alone would still read.
 
@@ -39,7 +41,9 @@ def evaluate_checkpoint(
         overrides["data.path"] = data
     if holdout:
         overrides["deepfake.eval_methods"] = holdout
-    parts, state, step = restore_run(workdir, make_mesh(mesh or ""), step, overrides)
+    if mesh == AUTO:  # the planner's pick for these devices, resolved when the run is prepared
+        overrides["mesh"] = AUTO
+    parts, state, step = restore_run(workdir, None if mesh == AUTO else make_mesh(mesh or ""), step, overrides)
     params = state.params
     domain, evaluator = parts.domain, parts.domain.evaluator()
     source = tolerant(domain.open_split(parts.config, split), parts.config.data.bad_records, split)

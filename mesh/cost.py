@@ -39,6 +39,8 @@ class ModelShape:
     """Elements per record entering the head's tensor-split layers (their gradient is all-reduced)."""
     head_split_outputs: int = 0
     """Elements per record leaving them (all-gathered for the layers that run whole)."""
+    vocab: int = 0
+    """A language model's vocabulary (its output layer is in `head_split_flops`); 0 for vision."""
 
     @property
     def tokens(self) -> int:
@@ -241,12 +243,16 @@ def step_memory(
     params: ParamBytes,
     activation_bytes: int,
     remat: str,
-    optimizer_moments: int = 2,
+    optimizer_moments: float = 2,
+    records_alive: float | None = None,
 ) -> StepMemory:
     """Parameters, gradients and Adam's moments in float32 as sharded; activations saved for the
     backward of the device's layers (with `remat`, only each block's input, plus one block's worth
-    recomputed at a time; `dots` keeps the matmul outputs only)."""
-    images = global_batch // mesh.batch_shards * shape.images_per_record
+    recomputed at a time; `dots` keeps the matmul outputs only). `records_alive`: records whose
+    activations are kept at once (default the device's whole batch; gradient accumulation keeps one
+    microbatch, a 1F1B pipeline the microbatches in flight)."""
+    local = global_batch // mesh.batch_shards if records_alive is None else records_alive
+    images = local * shape.images_per_record
     layers = shape.depth / mesh.pipeline
     block = block_activation_elements(shape, images, mesh.tensor) * activation_bytes
     block_input = images * shape.tokens * shape.width * activation_bytes
@@ -259,3 +265,18 @@ def step_memory(
         optimizer=optimizer_moments * params.local,
         activations=activations,
     )
+
+
+def activation_traffic_bytes(shape: ModelShape, images: float, tensor: int = 1, activation_bytes: int = 2,
+                             probability_bytes: int = 4) -> float:
+    """HBM bytes the blocks' forward moves besides the weights, per device: each matmul reads its
+    input and writes its output; LayerNorm, GELU and the residual adds read and write theirs
+    (22 t d + 4 t m elements per block and image, of which the LayerNorms' and residual adds'
+    10 t d are whole on every tensor device); the attention probabilities (4 a t^2: scores written,
+    softmax read and written, read by the weighted sum) in `probability_bytes` (XLA's softmax runs
+    in float32; a fused flash-attention kernel would keep them on chip)."""
+    t, d, m, a = shape.tokens, shape.width, shape.mlp_dim, shape.heads
+    split = (12 * t * d + 4 * t * m) * activation_bytes + 4 * a * t * t * probability_bytes
+    whole = 10 * t * d * activation_bytes
+    return images * shape.depth * (split / tensor + whole)
+

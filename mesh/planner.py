@@ -1,33 +1,37 @@
 """The mesh planner: which `pipeline, data, fsdp, tensor` sizes to use for a model on N GPUs.
 
-For every way of splitting the devices over the four axes that the run's validation accepts, and
-for every pipeline schedule and remat policy worth trying, it predicts with `triskele.mesh.cost`:
-memory per device, compute time (FLOPs the device executes / (peak x efficiency)), communication
-time (bytes / bandwidth of the link each axis crosses: NVLink inside a domain, the network
-across domains) and the pipeline bubble. Step time = compute + tensor and pipeline communication
-(on the critical path) + whatever data/fsdp communication the backward cannot hide (it overlaps
-with the backward, two thirds of the compute). Configurations that do not fit in memory are
-marked; the rest are ranked by predicted step time, a mesh with fewer kinds of parallelism
-winning unless another is predicted more than `SIMPLICITY_MARGIN` faster.
+For every way of splitting the devices over the allowed axes that the run's validation accepts,
+and for every pipeline schedule (or gradient accumulation) and remat policy worth trying, it
+predicts with `triskele.mesh.cost`: memory per device, compute time (FLOPs the device executes /
+(peak x efficiency)), communication time (bytes / bandwidth of the link each axis crosses: NVLink
+inside a domain, the network across domains, plus NCCL's per-hop latency for every collective)
+and the pipeline bubble. Step time = compute + tensor and pipeline communication (on the critical
+path) + whatever fsdp communication the backward cannot hide + whatever data-parallel all-reduce
+the last microbatch's backward cannot hide (the backward is two thirds of the compute).
+Configurations that do not fit in memory are marked; the rest are ranked by predicted step time,
+a mesh with fewer kinds of parallelism winning unless another is predicted more than
+`SIMPLICITY_MARGIN` faster.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 
 from triskele.mesh.cost import (
     ModelShape,
     ParamBytes,
     StepMemory,
+    activation_traffic_bytes,
     bubble_fraction,
     step_collectives,
     step_memory,
     train_flops,
 )
 from triskele.mesh.hardware import Gpu
-from triskele.mesh.spec import MeshSpec
+from triskele.mesh.spec import MESH_AXES, MeshSpec
 
 REMAT_ORDER = ("none", "dots", "full")
 BACKWARD_SHARE = 2 / 3
@@ -38,6 +42,14 @@ SIMPLICITY_MARGIN = 0.03
 """A mesh with fewer kinds of parallelism is preferred unless another is predicted this much faster:
 pipeline stages pay imbalance and buffer memory, and tensor parallelism latency, that the
 formulas leave out."""
+NCCL_LATENCY_S = {"base": 8.4e-6, "nvlink": 3.4e-6, "network": 9.6e-6}
+"""NCCL's ring model for the Simple protocol (NVIDIA/nccl, src/graph/tuning.cc: baseLat and
+hwLat): a collective costs a base latency plus one hop latency per ring step, NVLink hops and
+network hops priced apart (all-reduce: 2(n-1) steps, all-gather / reduce-scatter: n-1)."""
+SCHEDULES = ("circular", "1f1b")
+GRADIENT_BUCKET_BYTES = 25e6
+"""Gradients are all-reduced in buckets of about this size (PyTorch DDP's default; XLA's all-reduce
+combiner merges small ones likewise): one ring latency per bucket."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +71,26 @@ class PlanInputs:
     """(mesh, microbatches, repeats) -> an error message, or None when the run would accept it."""
     memory_bytes: float | None = None
     """GPU memory to plan for (default: the GPU's)."""
+    axes: tuple[str, ...] = MESH_AXES
+    """Axes the planner may use (the others stay 1), e.g. without `fsdp` for a framework that has none."""
+    schedule: str = "circular"
+    """Pipeline schedule: `circular` (triskele's: every microbatch's activations kept until its
+    backward) or `1f1b` (Megatron-LM's, interleaved when repeats > 1: at most `pipeline`
+    microbatches in flight, no broadcast of finished outputs)."""
+    remat_options: tuple[str, ...] = REMAT_ORDER
+    optimizer_state: float = 2.0
+    """Optimizer state per parameter byte (Adam's two moments in the parameters' dtype: 2)."""
+    fsdp_gathers: int = 1
+    """Weight all-gathers per microbatch: 1 keeps the gathered weights for the backward (as XLA
+    does), 2 frees them after the forward and gathers again (ZeRO-3)."""
+    accumulation: bool = True
+    """Without a pipeline, also try gradient accumulation (`optim.grad_accum`) to fit memory."""
+    probability_bytes: int = 4
+    """Bytes of an attention probability in HBM (XLA's softmax: float32; Megatron-LM's fused fp16: 2)."""
+    fsdp_collectives_per_layer: int = 1
+    """Collectives per layer for each fsdp gather or reduce-scatter: 1 where a layer's weights move
+    together (XLA, stacked layers); ZeRO-3 moves each module's own (QKV, out, MLP up and down, two
+    LayerNorms: 6), paying the ring's latency each time."""
 
     @property
     def activation_bytes(self) -> int:
@@ -69,6 +101,7 @@ class PlanInputs:
 class Candidate:
     mesh: MeshSpec
     microbatches: int
+    """Pipeline microbatches; without a pipeline, gradient accumulation steps."""
     repeats: int
     remat: str
     memory: StepMemory
@@ -88,6 +121,8 @@ class Candidate:
 
     def row(self) -> dict:
         return {"mesh": str(self.mesh), "microbatches": self.microbatches if self.mesh.pipeline > 1 else "",
+                "repeats": self.repeats if self.mesh.pipeline > 1 else "",
+                "grad_accum": self.microbatches if self.mesh.pipeline == 1 else 1,
                 "remat": self.remat, "memory_GB": self.memory.total / 1e9, "fits": "yes" if self.fits else "NO",
                 "compute_ms": 1e3 * self.compute_s, "comm_ms": 1e3 * sum(self.comm_s.values()),
                 "exposed_comm_ms": 1e3 * self.exposed_comm_s, "bubble": self.bubble, "step_ms": 1e3 * self.step_s,
@@ -98,55 +133,131 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def meshes(devices: int) -> list[MeshSpec]:
-    """Every (pipeline, data, fsdp, tensor) whose product is `devices`."""
+def meshes(devices: int, axes: tuple[str, ...] = MESH_AXES) -> list[MeshSpec]:
+    """Every (pipeline, data, fsdp, tensor) whose product is `devices`, using only `axes`."""
     out = []
     for pipeline, data, fsdp in itertools.product(divisors(devices), repeat=3):
         if devices % (pipeline * data * fsdp) == 0:
-            out.append(MeshSpec(pipeline, data, fsdp, devices // (pipeline * data * fsdp)))
+            mesh = MeshSpec(pipeline, data, fsdp, devices // (pipeline * data * fsdp))
+            if all(getattr(mesh, a) == 1 for a in MESH_AXES if a not in axes):
+                out.append(mesh)
     return out
 
 
-def axis_bandwidth(mesh: MeshSpec, axis: str, inputs: PlanInputs) -> float:
-    """NVLink when the axis's groups stay inside an NVLink domain, else the network. Devices are
-    numbered with `tensor` innermost, then fsdp, data, pipeline (as `make_mesh` lays them out)."""
-    order = ("tensor", "fsdp", "data", "pipeline")
+def axis_link(mesh: MeshSpec, axis: str, inputs: PlanInputs) -> tuple[float, int]:
+    """(bandwidth, NVLink domains one group of the axis spans): NVLink when every group of the axis
+    stays inside a domain (its aligned block of stride x size devices divides the domain), else the
+    network. Devices are numbered with `tensor` innermost, then fsdp, data, pipeline (as `make_mesh`
+    lays them out)."""
     stride = 1
-    for name in order:
+    for name in ("tensor", "fsdp", "data", "pipeline"):
         size = getattr(mesh, name)
         if name == axis:
-            inside = stride * size <= inputs.nvlink_domain
-            return inputs.gpu.nvlink_bandwidth if inside else inputs.gpu.network_bandwidth
+            if inputs.nvlink_domain % (stride * size) == 0:
+                return inputs.gpu.nvlink_bandwidth, 1
+            return inputs.gpu.network_bandwidth, min(size, -(-stride * size // inputs.nvlink_domain))
         stride *= size
     raise ValueError(f"unknown mesh axis {axis!r}")
 
 
+def axis_bandwidth(mesh: MeshSpec, axis: str, inputs: PlanInputs) -> float:
+    return axis_link(mesh, axis, inputs)[0]
+
+
+def collective_latency(kind: str, group: int, domains: int) -> float:
+    """Seconds of latency of one ring collective over `group` devices spanning `domains` NVLink
+    domains (NCCL's model, `NCCL_LATENCY_S`)."""
+    if group <= 1:
+        return 0.0
+    twice = 2 if kind == "all-reduce" else 1
+    steps, network_steps = twice * (group - 1), twice * (domains - 1)
+    lat = NCCL_LATENCY_S
+    return lat["base"] + (steps - network_steps) * lat["nvlink"] + network_steps * lat["network"]
+
+
 def schedules(mesh: MeshSpec, inputs: PlanInputs) -> list[tuple[int, int]]:
-    """(microbatches, repeats) to try: 1, 1 without a pipeline; else M in P, 2P, 4P, 8P and v in 1, 2."""
+    """(microbatches, repeats) to try. Without a pipeline: gradient accumulation steps (1, and with
+    `accumulation` every power of two that divides the device's batch). With one: M in P, 2P, 4P, 8P
+    and M = the pipeline's batch / b for microbatch sizes b in 1, 2, 4, 8; repeats v in 1 to 4 that
+    divide the layers per stage."""
+    local = inputs.global_batch // mesh.batch_shards
     if mesh.pipeline == 1:
-        return [(1, 1)]
-    return [(m * mesh.pipeline, v) for m in (1, 2, 4, 8) for v in (1, 2)]
+        steps = [1] + ([2**k for k in range(1, 12) if 2**k <= local and local % 2**k == 0]
+                       if inputs.accumulation else [])
+        return [(a, 1) for a in steps]
+    counts = {m * mesh.pipeline for m in (1, 2, 4, 8)} | {local // b for b in (1, 2, 4, 8) if local % b == 0}
+    return [(m, v) for m in sorted(counts) if m >= mesh.pipeline for v in (1, 2, 3, 4)
+            if inputs.shape.depth % (mesh.pipeline * v) == 0]
+
+
+def records_alive(inputs: PlanInputs, mesh: MeshSpec, microbatches: int) -> float:
+    """Records whose activations a device keeps at once: one accumulation microbatch; all of a
+    circular pipeline's microbatches; a 1F1B pipeline's microbatches in flight (at most `pipeline`)."""
+    local = inputs.global_batch / mesh.batch_shards
+    if mesh.pipeline == 1:
+        return local / microbatches
+    if inputs.schedule == "1f1b":
+        return local / microbatches * min(microbatches, mesh.pipeline)
+    return local
+
+
+def elementwise_seconds(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str) -> float:
+    """Time the blocks spend moving activations through HBM outside the matmuls (LayerNorm, softmax,
+    GELU, residual adds: memory-bound, not overlapped with the matmuls): the forward's traffic
+    (`activation_traffic_bytes`) three times (forward, backward) and once more where `full` remat
+    recomputes the forward, per device; a pipeline runs every stage in every iteration."""
+    shape = inputs.shape
+    images = inputs.global_batch / mesh.batch_shards * shape.images_per_record / mesh.pipeline
+    traffic = activation_traffic_bytes(shape, images, mesh.tensor, inputs.activation_bytes, inputs.probability_bytes)
+    traffic *= 4 if remat == "full" else 3
+    if mesh.pipeline > 1:
+        traffic *= (repeats * microbatches + mesh.pipeline - 1) / (repeats * microbatches)
+    return traffic / inputs.gpu.memory_bandwidth
 
 
 def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str) -> Candidate:
+    """One configuration's prediction. Without a pipeline, `microbatches` is gradient accumulation."""
     shape, batch = inputs.shape, inputs.global_batch
     params = inputs.param_bytes(mesh)
     act = inputs.activation_bytes
-    memory = step_memory(shape, mesh, batch, params, act, remat)
+    memory = step_memory(shape, mesh, batch, params, act, remat, inputs.optimizer_state,
+                         records_alive(inputs, mesh, microbatches))
     budget = (inputs.memory_bytes or inputs.gpu.memory_bytes) * USABLE_MEMORY
     flops = train_flops(shape, batch)
     peak = inputs.gpu.peak_flops[inputs.compute] * inputs.efficiency
-    compute = flops.executed_per_device(mesh, microbatches, repeats, remat) / peak
-    sent = step_collectives(shape, mesh, batch, params, act, microbatches, repeats, remat)
-    bandwidth = {axis: axis_bandwidth(mesh, axis, inputs) for axis in ("data", "fsdp", "tensor", "pipeline")}
+    pipeline_microbatches = microbatches if mesh.pipeline > 1 else 1
+    accumulation = 1 if mesh.pipeline > 1 else microbatches
+    compute = flops.executed_per_device(mesh, pipeline_microbatches, repeats, remat) / peak
+    compute += elementwise_seconds(inputs, mesh, pipeline_microbatches, repeats, remat)
+    sent = step_collectives(shape, mesh, batch, params, act, pipeline_microbatches, repeats, remat)
+    if inputs.schedule == "1f1b":  # Megatron-LM's scatter/gather: each tensor rank sends 1/tensor of it
+        sent = dataclasses.replace(sent, pipeline_broadcast=0.0, pipeline_permute=sent.pipeline_permute / mesh.tensor)
+    fsdp_passes = accumulation  # weights gathered (and gradients reduce-scattered) per microbatch
+    sent = dataclasses.replace(sent, fsdp_all_gather=sent.fsdp_all_gather * inputs.fsdp_gathers * fsdp_passes,
+                               fsdp_reduce_scatter=sent.fsdp_reduce_scatter * fsdp_passes)
+    links = {axis: axis_link(mesh, axis, inputs) for axis in ("data", "fsdp", "tensor", "pipeline")}
+    layers = shape.depth / mesh.pipeline
+    passes = max(pipeline_microbatches, accumulation)
+    per_block = 4 + (1 if remat == "full" else 0)
+    iterations = repeats * pipeline_microbatches + mesh.pipeline - 1
+    latency = {
+        "data": math.ceil(params.local / GRADIENT_BUCKET_BYTES)
+        * collective_latency("all-reduce", mesh.data, links["data"][1]),
+        "fsdp": layers * fsdp_passes * (inputs.fsdp_gathers + 1) * inputs.fsdp_collectives_per_layer
+        * collective_latency("all-gather", mesh.fsdp, links["fsdp"][1]),
+        "tensor": per_block * layers * passes * collective_latency("all-reduce", mesh.tensor, links["tensor"][1]),
+        "pipeline": 2 * iterations * collective_latency("all-gather", 2, links["pipeline"][1])
+        if mesh.pipeline > 1 else 0.0,
+    }
     comm = {
-        "data": sent.data_all_reduce / bandwidth["data"],
-        "fsdp": (sent.fsdp_all_gather + sent.fsdp_reduce_scatter) / bandwidth["fsdp"],
-        "tensor": (sent.tensor_all_reduce + sent.tensor_all_gather) / bandwidth["tensor"],
-        "pipeline": (sent.pipeline_permute + sent.pipeline_broadcast) / bandwidth["pipeline"],
+        "data": sent.data_all_reduce / links["data"][0] + latency["data"],
+        "fsdp": (sent.fsdp_all_gather + sent.fsdp_reduce_scatter) / links["fsdp"][0] + latency["fsdp"],
+        "tensor": (sent.tensor_all_reduce + sent.tensor_all_gather) / links["tensor"][0] + latency["tensor"],
+        "pipeline": (sent.pipeline_permute + sent.pipeline_broadcast) / links["pipeline"][0] + latency["pipeline"],
     }
     hidden = BACKWARD_SHARE * compute
-    exposed = comm["tensor"] + comm["pipeline"] + max(0.0, comm["data"] + comm["fsdp"] - hidden)
+    exposed = (comm["tensor"] + comm["pipeline"] + max(0.0, comm["fsdp"] - hidden)
+               + max(0.0, comm["data"] - hidden / passes))
     step = compute + exposed
     model_flops = flops.per_device(mesh)
     return Candidate(
@@ -163,20 +274,29 @@ def candidates(inputs: PlanInputs) -> list[Candidate]:
     """Per valid mesh, its fastest schedule with the lightest remat policy that fits (or, if none
     fits, with `full` remat, marked as not fitting); sorted: fitting first, then by step time."""
     chosen = []
-    for mesh in meshes(inputs.devices):
-        options = []
-        for microbatches, repeats in schedules(mesh, inputs):
-            if inputs.validate is not None and inputs.validate(mesh, microbatches, repeats):
-                continue
-            for remat in REMAT_ORDER:
-                candidate = evaluate(inputs, mesh, microbatches, repeats, remat)
-                options.append(candidate)
-                if candidate.fits:
-                    break
-        if options:
-            fitting = [c for c in options if c.fits]
-            chosen.append(min(fitting or options, key=lambda c: c.step_s))
+    for mesh in meshes(inputs.devices, inputs.axes):
+        best = best_for_mesh(inputs, mesh, any_fit=True)
+        if best is not None:
+            chosen.append(best)
     return sorted(chosen, key=_ranking)
+
+
+def best_for_mesh(inputs: PlanInputs, mesh: MeshSpec, any_fit: bool = False) -> Candidate | None:
+    """A mesh's fastest valid schedule with the lightest remat policy that fits; with `any_fit`, the
+    fastest that does not fit when none does (None: no valid schedule, or nothing fits)."""
+    options = []
+    for microbatches, repeats in schedules(mesh, inputs):
+        if inputs.validate is not None and inputs.validate(mesh, microbatches, repeats):
+            continue
+        for remat in inputs.remat_options:
+            candidate = evaluate(inputs, mesh, microbatches, repeats, remat)
+            options.append(candidate)
+            if candidate.fits:
+                break
+    fitting = [c for c in options if c.fits]
+    if not options or not (fitting or any_fit):
+        return None
+    return min(fitting or options, key=lambda c: c.step_s)
 
 
 def _ranking(candidate: Candidate) -> tuple[bool, float]:
@@ -233,7 +353,7 @@ def scaling(make_inputs: Callable[[int], PlanInputs], device_counts: list[int]) 
         picks: dict[str, Candidate | None] = {}
         for name, family in SCALING_FAMILIES.items():
             mesh = family(n, min(per_node, 8))
-            picks[name] = _best_for_mesh(inputs, mesh) if mesh is not None else None
+            picks[name] = best_for_mesh(inputs, mesh) if mesh is not None else None
         ranked = candidates(inputs)
         picks["planner"] = ranked[0] if ranked and ranked[0].fits else None
         for name, pick in picks.items():
@@ -248,11 +368,3 @@ def scaling(make_inputs: Callable[[int], PlanInputs], device_counts: list[int]) 
                          "efficiency": throughput / base, "fits": pick.fits,
                          "comm_bound": comm > BACKWARD_SHARE * pick.compute_s, "mfu": pick.mfu})
     return rows
-
-
-def _best_for_mesh(inputs: PlanInputs, mesh: MeshSpec) -> Candidate | None:
-    if inputs.validate is not None and inputs.validate(mesh, 1, 1):
-        return None
-    options = [evaluate(inputs, mesh, 1, 1, remat) for remat in REMAT_ORDER]
-    fitting = [c for c in options if c.fits]
-    return min(fitting, key=lambda c: c.step_s) if fitting else None

@@ -14,15 +14,20 @@ from triskele.mesh.pipeline import circular_pipeline
 from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, project, zeros_param
 from triskele.models.quantize import check_format
 
-# (width, depth, mlp width, heads): ViT (Dosovitskiy et al.), ViT-g from Zhai et al. "Scaling ViTs".
+# (width, depth, mlp width, heads): big_vision's table (Zhai et al., "Scaling Vision Transformers",
+# Table 2: Ti, S, M, B, L, H, g, G, e) and ViT-22B (Dehghani et al. 2023, Table 1).
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
     "tiny": (64, 8, 256, 4),
     "Ti": (192, 12, 768, 3),
     "S": (384, 12, 1536, 6),
+    "M": (512, 12, 2048, 8),
     "B": (768, 12, 3072, 12),
     "L": (1024, 24, 4096, 16),
     "H": (1280, 32, 5120, 16),
     "g": (1408, 40, 6144, 16),
+    "G": (1664, 48, 8192, 16),
+    "e": (1792, 56, 15360, 16),
+    "22B": (6144, 48, 24576, 48),
 }
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")

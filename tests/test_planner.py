@@ -93,7 +93,7 @@ def test_scaling_mode_writes_the_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--gpu", "a100", "--devices", "8"], "unknown GPU 'a100'; known GPUs: h100, h200, b200, b300"),
+    (["--gpu", "v100", "--devices", "8"], "unknown GPU 'v100'; known GPUs: a100, h100, h200, b200, b300"),
     (["--gpu", "h100", "--devices", "12", "--nodes", "5"], "--devices 12 is not divisible by --nodes 5"),
     (["--gpu", "h100"], "--devices is required"),
 ])

@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), metavar="NAME",
                         help=f"named preset (default {DEFAULT_PRESET}); one of {', '.join(PRESETS)}")
-    parser.add_argument("--mesh", help="mesh spec, e.g. data=2,fsdp=2,tensor=2 (default: all devices on data)")
+    parser.add_argument("--mesh", help="mesh spec, e.g. data=2,fsdp=2,tensor=2, or auto (the planner's pick for "
+                        "these devices; on CPU the simplest valid mesh); default: all devices on data")
     parser.add_argument("--workdir", help="run folder: config, checkpoints, metrics (default runs/<preset>)")
     parser.add_argument("--steps", type=int, help="total training steps (run.steps)")
     parser.add_argument("--log-every", type=int, help="log metrics every N steps (run.log_every)")

@@ -1,8 +1,13 @@
-"""`python -m triskele.train plan`: the mesh planner for a preset on N GPUs (predictions only).
+"""`python -m triskele.train plan`: the mesh planner for a preset or any transformer shape on N
+GPUs, the cost of a run, and the inference roofline (predictions only).
 
     python -m triskele.train plan --preset mars-l16 --devices 64 --gpu h200 --global-batch 1024 \
-        [--nodes 8] [--nvlink-domain 8] [--set KEY=VALUE ...] [--top 10] [--output DIR]
-    python -m triskele.train plan --preset mars-l16 --gpu h200 --global-batch 1024 --scaling [--output DIR]
+        [--nodes 8] [--nvlink-domain 8] [--nvlink-gbps G] [--network-gbps G] [--set KEY=VALUE ...] \
+        [--cost --train-images N | --epochs E --dataset-size N] [--top 10] [--output DIR]
+    python -m triskele.train plan --shape width=4096,depth=36,heads=32,mlp=16384,tokens=2048 \
+        --devices 128 --gpu a100 --global-batch 512 [--axes pipeline,data,tensor] [--schedule 1f1b]
+    python -m triskele.train plan --preset mars-l16 --gpu h200 --global-batch 1024 --scaling [--cost ...]
+    python -m triskele.train plan --preset mars-l16 --inference --batch 1 [--format fp8]
 """
 
 from __future__ import annotations
@@ -13,12 +18,19 @@ import json
 import sys
 from pathlib import Path
 
+import jax
 from flax import nnx
 from jax.sharding import AbstractMesh
-from triskele.mesh.hardware import GPUS, get_gpu
+from triskele.mesh.cost import ModelShape
+from triskele.mesh.hardware import GPUS, Gpu, get_gpu
 from triskele.mesh.logical import param_bytes
-from triskele.mesh.planner import PlanInputs, candidates, explain, scaling
+from triskele.mesh.planner import SCHEDULES, PlanInputs, candidates, explain, scaling
+from triskele.mesh.roofline import FORMAT_BYTES, roofline
+from triskele.mesh.run_cost import ownership, run_cost
 from triskele.mesh.spec import MESH_AXES, MeshSpec
+from triskele.mesh.transformer import block_params, parse_shape
+from triskele.mesh.transformer import param_bytes as shape_param_bytes
+from triskele.mesh.transformer import validator as shape_validator
 from triskele.train.config import PRESETS, Config, make_config
 from triskele.train.domains import get_domain
 from triskele.train.validate import validate
@@ -30,16 +42,22 @@ def abstract_mesh(mesh: MeshSpec) -> AbstractMesh:
     return AbstractMesh(tuple(getattr(mesh, a) for a in MESH_AXES), MESH_AXES)
 
 
-def plan_inputs(config: Config, gpu_name: str, devices: int, nodes: int | None = None,
-                nvlink_domain: int | None = None, efficiency: float = 0.5,
-                memory_gb: float | None = None) -> PlanInputs:
-    """The planner's inputs for a config: its model's sizes and parameter layout, its validation."""
-    gpu = get_gpu(gpu_name)
+def _cluster(gpu: Gpu | str, devices: int, nodes: int | None) -> tuple[Gpu, int]:
+    gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if devices < 1:
         raise ValueError(f"--devices must be at least 1, got {devices}")
-    nodes = nodes or max(1, devices // 8)
+    nodes = nodes or max(1, devices // gpu.gpus_per_node)
     if devices % nodes:
         raise ValueError(f"--devices {devices} is not divisible by --nodes {nodes}; use a node count that divides it")
+    return gpu, nodes
+
+
+def plan_inputs(config: Config, gpu_name: Gpu | str, devices: int, nodes: int | None = None,
+                nvlink_domain: int | None = None, efficiency: float | None = None,
+                memory_gb: float | None = None, **options) -> PlanInputs:
+    """The planner's inputs for a config: its model's sizes and parameter layout, its validation.
+    `options`: further `PlanInputs` fields (axes, schedule, ...)."""
+    gpu, nodes = _cluster(gpu_name, devices, nodes)
     domain = get_domain(config.domain)
     model = nnx.eval_shape(lambda: domain.build_model(config, nnx.Rngs(params=0), 1))
     params = nnx.state(model, nnx.Param)
@@ -51,8 +69,12 @@ def plan_inputs(config: Config, gpu_name: str, devices: int, nodes: int | None =
         return layouts[mesh]
 
     def check(mesh: MeshSpec, microbatches: int, repeats: int) -> str | None:
-        trial = dataclasses.replace(config, pipeline=dataclasses.replace(
-            config.pipeline, microbatches=microbatches, repeats=repeats), mesh=str(mesh))
+        if mesh.pipeline > 1:
+            trial = dataclasses.replace(config, pipeline=dataclasses.replace(
+                config.pipeline, microbatches=microbatches, repeats=repeats), mesh=str(mesh))
+        else:
+            trial = dataclasses.replace(config, optim=dataclasses.replace(config.optim, grad_accum=microbatches),
+                                        mesh=str(mesh))
         try:
             validate(trial, abstract_mesh(mesh))
         except ValueError as err:
@@ -62,8 +84,29 @@ def plan_inputs(config: Config, gpu_name: str, devices: int, nodes: int | None =
     compute = {"float32": "float32", "fp8": "fp8"}.get(config.precision, "bfloat16")
     return PlanInputs(shape=model.cost_shape(), global_batch=config.data.global_batch, gpu=gpu, devices=devices,
                       nodes=nodes, nvlink_domain=nvlink_domain or devices // nodes, compute=compute,
-                      efficiency=efficiency, param_bytes=bytes_on, validate=check,
-                      memory_bytes=memory_gb * 1e9 if memory_gb else None)
+                      efficiency=gpu.efficiency if efficiency is None else efficiency, param_bytes=bytes_on,
+                      validate=check, memory_bytes=memory_gb * 1e9 if memory_gb else None, **options)
+
+
+def shape_inputs(shape: ModelShape, global_batch: int, gpu_name: Gpu | str, devices: int, nodes: int | None = None,
+                 nvlink_domain: int | None = None, efficiency: float | None = None, memory_gb: float | None = None,
+                 bytes_per_param: float = 4.0, **options) -> PlanInputs:
+    """The planner's inputs for a transformer known by its sizes (`--shape`)."""
+    gpu, nodes = _cluster(gpu_name, devices, nodes)
+    return PlanInputs(shape=shape, global_batch=global_batch, gpu=gpu, devices=devices, nodes=nodes,
+                      nvlink_domain=nvlink_domain or devices // nodes,
+                      efficiency=gpu.efficiency if efficiency is None else efficiency,
+                      param_bytes=shape_param_bytes(shape, bytes_per_param),
+                      validate=shape_validator(shape, global_batch),
+                      memory_bytes=memory_gb * 1e9 if memory_gb else None, **options)
+
+
+def parameter_count(args: argparse.Namespace, config: Config | None, shape: ModelShape) -> float:
+    if config is None:
+        split, whole = block_params(shape)
+        return shape.depth * (split + whole) + shape.vocab * shape.width + shape.tokens * shape.width
+    model = nnx.eval_shape(lambda: get_domain(config.domain).build_model(config, nnx.Rngs(params=0), 1))
+    return float(sum(leaf.size for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))))
 
 
 def print_rows(rows: list[dict], columns: list[str]) -> None:
@@ -112,66 +155,180 @@ def plot_scaling(rows: list[dict], path: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m triskele.train plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS), metavar="NAME")
-    parser.add_argument("--devices", type=int, help="GPUs in the job (required unless --scaling)")
-    parser.add_argument("--gpu", required=True, help=f"one of {', '.join(GPUS)}")
-    parser.add_argument("--global-batch", type=int, help="images per step (default: the preset's)")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--preset", choices=sorted(PRESETS), metavar="NAME", help="a preset's model")
+    model.add_argument("--shape", metavar="SIZES",
+                       help="any transformer: width=W,depth=L,heads=H,mlp=M,tokens=S[,vocab=V]")
+    parser.add_argument("--devices", type=int, help="GPUs in the job (required unless --scaling or --inference)")
+    parser.add_argument("--gpu", help=f"one of {', '.join(GPUS)} (--inference: default every one)")
+    parser.add_argument("--global-batch", type=int, help="images (sequences) per step (default: the preset's)")
     parser.add_argument("--nodes", type=int, help="hosts (default: devices / 8)")
     parser.add_argument("--nvlink-domain", type=int, help="GPUs joined by NVLink (default: GPUs per node)")
-    parser.add_argument("--efficiency", type=float, default=0.5, help="share of peak the matmuls reach (0.5)")
+    parser.add_argument("--nvlink-gbps", type=float, help="NVLink GB/s per GPU, one direction (default: the GPU's)")
+    parser.add_argument("--network-gbps", type=float,
+                        help="network GB/s per GPU, one direction (default: the GPU's; e.g. 25 for 8 x HDR per node)")
+    parser.add_argument("--efficiency", type=float, help="share of peak the matmuls reach (default: the GPU's)")
     parser.add_argument("--gpu-memory-gb", type=float, help="plan for this much memory per GPU")
+    parser.add_argument("--axes", help=f"mesh axes the planner may use (default all: {','.join(MESH_AXES)})")
+    parser.add_argument("--schedule", choices=SCHEDULES, default="circular",
+                        help="pipeline schedule: circular (triskele's) or 1f1b (Megatron-LM's interleaved)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--top", type=int, default=10, help="rows of the ranking to print")
     parser.add_argument("--scaling", action="store_true", help="predicted scaling from 8 to 1,024 GPUs")
     parser.add_argument("--output", help="folder for plan.json / scaling.json and scaling.png (default .)")
+    cost = parser.add_argument_group("cost of a run (--cost)")
+    cost.add_argument("--cost", action="store_true", help="add wall time, GPU-hours and rented / owned cost")
+    cost.add_argument("--train-images", type=float, help="images the run trains on (or --epochs with --dataset-size)")
+    cost.add_argument("--epochs", type=float)
+    cost.add_argument("--dataset-size", type=float)
+    cost.add_argument("--price-per-gpu-hour", type=float, help="rental USD (default: the GPU's on-demand price)")
+    cost.add_argument("--server-price", type=float, help="USD per owned 8-GPU server (default per GPU type)")
+    cost.add_argument("--years", type=float, default=5.0, help="depreciation years (5)")
+    cost.add_argument("--pue", type=float, default=1.56, help="power usage effectiveness (1.56)")
+    cost.add_argument("--kwh-price", type=float, default=0.08, help="USD per kWh (0.08)")
+    cost.add_argument("--utilisation", type=float, default=1.0,
+                      help="share of the year owned servers are busy (1.0): spreads their price")
+    infer = parser.add_argument_group("inference roofline (--inference)")
+    infer.add_argument("--inference", action="store_true", help="images/s per GPU: compute vs HBM bound")
+    infer.add_argument("--batch", type=int, default=1, help="images per forward (1)")
+    infer.add_argument("--format", default="bfloat16", help=f"weights: {', '.join(FORMAT_BYTES)}")
     return parser
 
 
+def _train_images(args: argparse.Namespace) -> float:
+    if args.train_images is not None:
+        images = args.train_images
+    elif args.epochs is not None and args.dataset_size is not None:
+        images = args.epochs * args.dataset_size
+    else:
+        raise ValueError("--cost needs --train-images N, or --epochs E with --dataset-size N")
+    if images <= 0:
+        raise ValueError(f"--cost: the run must train on a positive number of images, got {images}")
+    return images
+
+
+def _with_cost(rows: list[dict], args: argparse.Namespace, gpu: Gpu, batch: int, devices_of) -> list[dict]:
+    owning = ownership(gpu, args.price_per_gpu_hour, args.server_price, args.years, args.pue, args.kwh_price,
+                       utilisation=args.utilisation)
+    images = _train_images(args)
+    for row in rows:
+        if "step_ms" in row:
+            row.update(run_cost(row["step_ms"] / 1e3, devices_of(row), batch, int(images), owning))
+    return rows
+
+
+def _inference(args: argparse.Namespace, config: Config | None, shape: ModelShape) -> int:
+    gpus = [get_gpu(args.gpu)] if args.gpu else list(GPUS.values())
+    weights = parameter_count(args, config, shape)
+    rows = [dataclasses.asdict(roofline(shape, weights, g.with_links(args.nvlink_gbps, args.network_gbps),
+                                        args.format, args.batch, args.efficiency)) for g in gpus]
+    name = args.preset or args.shape
+    print(f"{name}: inference roofline, {weights / 1e6:.1f}M weights in {args.format}, batch {args.batch}")
+    for row in rows:
+        row["compute_ms"], row["memory_ms"] = 1e3 * row.pop("compute_s"), 1e3 * row.pop("memory_s")
+    print_rows(rows, ["gpu", "format", "batch", "images_per_sec", "bound", "compute_ms", "memory_ms",
+                      "compute_bound_from"])
+    if args.output:
+        Path(args.output).mkdir(parents=True, exist_ok=True)
+        (Path(args.output) / "plan.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    overrides = list(args.set) + ([f"data.global_batch={args.global_batch}"] if args.global_batch else [])
-    config = make_config(args.preset, overrides)
-    if not 0 < args.efficiency <= 1:
+    if args.efficiency is not None and not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency must be in (0, 1], got {args.efficiency}")
+    config = None
+    if args.preset:
+        overrides = list(args.set) + ([f"data.global_batch={args.global_batch}"] if args.global_batch else [])
+        config = make_config(args.preset, overrides)
+        batch = config.data.global_batch
+        shape = None
+    else:
+        shape = parse_shape(args.shape)
+        batch = args.global_batch
+    if args.inference:
+        if shape is None:
+            model = nnx.eval_shape(lambda: get_domain(config.domain).build_model(config, nnx.Rngs(params=0), 1))
+            shape = model.cost_shape()
+        return _inference(args, config, shape)
+    if not args.gpu:
+        raise ValueError(f"--gpu is required; one of {', '.join(GPUS)}")
+    if shape is not None and not batch:
+        raise ValueError("--shape needs --global-batch")
+    axes = tuple(a.strip() for a in args.axes.split(",")) if args.axes else MESH_AXES
+    unknown = [a for a in axes if a not in MESH_AXES]
+    if unknown or not axes:
+        raise ValueError(f"--axes {args.axes!r}: unknown {unknown}; axes are {', '.join(MESH_AXES)}")
+    gpu = get_gpu(args.gpu).with_links(args.nvlink_gbps, args.network_gbps)
+    options = {"axes": axes, "schedule": args.schedule}
+
+    def make(devices: int, nodes: int | None) -> PlanInputs:
+        if shape is not None:
+            return shape_inputs(shape, batch, gpu, devices, nodes, args.nvlink_domain, args.efficiency,
+                                args.gpu_memory_gb, **options)
+        return plan_inputs(config, gpu, devices, nodes, args.nvlink_domain, args.efficiency, args.gpu_memory_gb,
+                           **options)
+
+    name = args.preset or args.shape
     output = Path(args.output or ".")
-    gpus_per_node = args.devices // args.nodes if args.devices and args.nodes else 8
+    gpus_per_node = args.devices // args.nodes if args.devices and args.nodes else gpu.gpus_per_node
     if args.scaling:
-        make = lambda n: plan_inputs(config, args.gpu, n, max(1, n // gpus_per_node), args.nvlink_domain,
-                                     args.efficiency, args.gpu_memory_gb)
-        rows = scaling(make, SCALING_DEVICES)
-        print(f"{args.preset}, global batch {config.data.global_batch}, {get_gpu(args.gpu).name}, "
-              f"{gpus_per_node} GPUs per node: predicted step time and scaling efficiency")
-        print_rows(rows, ["devices", "choice", "mesh", "step_ms", "efficiency", "mfu", "fits", "comm_bound"])
+        rows = scaling(lambda n: make(n, max(1, n // gpus_per_node)), SCALING_DEVICES)
+        columns = ["devices", "choice", "mesh", "step_ms", "efficiency", "mfu", "fits", "comm_bound"]
+        if args.cost:
+            rows = _with_cost(rows, args, gpu, batch, lambda row: row["devices"])
+            columns += ["hours", "gpu_hours", "cost_rent_usd", "cost_own_usd"]
+        print(f"{name}, global batch {batch}, {gpu.name}, {gpus_per_node} GPUs per node: predicted step time "
+              "and scaling efficiency")
+        print_rows(rows, columns)
         output.mkdir(parents=True, exist_ok=True)
         plot_scaling(rows, output / "scaling.png")
         (output / "scaling.json").write_text(json.dumps(rows, indent=2) + "\n")
         print(f"wrote {output / 'scaling.png'} and {output / 'scaling.json'}")
         return 0
     if not args.devices:
-        raise ValueError("--devices is required (or ask for --scaling)")
-    inputs = plan_inputs(config, args.gpu, args.devices, args.nodes, args.nvlink_domain, args.efficiency,
-                         args.gpu_memory_gb)
+        raise ValueError("--devices is required (or ask for --scaling or --inference)")
+    inputs = make(args.devices, args.nodes)
     ranked = candidates(inputs)
     if not ranked:
-        raise ValueError(f"no mesh of {args.devices} devices passes validation for {args.preset} at global batch "
-                         f"{config.data.global_batch}; change --devices or --global-batch")
-    print(f"{args.preset} on {args.devices} x {inputs.gpu.name} ({inputs.nodes} node(s), NVLink domain "
-          f"{inputs.nvlink_domain}), global batch {config.data.global_batch}, {inputs.compute}, "
-          f"efficiency {inputs.efficiency}: {len(ranked)} valid meshes, {sum(c.fits for c in ranked)} fit")
-    print_rows([c.row() for c in ranked[: args.top]],
-               ["mesh", "microbatches", "remat", "memory_GB", "fits", "compute_ms", "comm_ms", "exposed_comm_ms",
-                "bubble", "step_ms", "images_per_s", "mfu"])
+        raise ValueError(f"no mesh of {args.devices} devices passes validation for {name} at global batch "
+                         f"{batch}; change --devices or --global-batch")
+    print(f"{name} on {args.devices} x {inputs.gpu.name} ({inputs.nodes} node(s), NVLink domain "
+          f"{inputs.nvlink_domain}), global batch {batch}, {inputs.compute}, efficiency {inputs.efficiency} "
+          f"({inputs.gpu.efficiency_source}): {len(ranked)} valid meshes, {sum(c.fits for c in ranked)} fit")
+    rows = [c.row() for c in ranked]
+    columns = ["mesh", "microbatches", "grad_accum", "remat", "memory_GB", "fits", "compute_ms", "comm_ms",
+               "exposed_comm_ms", "bubble", "step_ms", "images_per_s", "mfu"]
+    if args.cost:
+        rows = _with_cost(rows, args, inputs.gpu, batch, lambda row: args.devices)
+        columns += ["hours", "gpu_hours", "cost_rent_usd", "cost_own_usd"]
+    print_rows(rows[: args.top], columns)
     best = ranked[0]
     if not best.fits:
         print(f"nothing fits in {inputs.gpu.name}'s memory: add devices or lower the batch")
-    print(f"\npick: --mesh {best.mesh}" + (f" --set pipeline.microbatches={best.microbatches} "
-                                           f"--set pipeline.repeats={best.repeats}" if best.mesh.pipeline > 1 else "")
-          + f" --set model.remat={best.remat}")
+    print(f"\npick: {pick_flags(best)}")
     for line in explain(best, inputs):
         print("  " + line)
+    if args.cost:
+        top = rows[0]
+        print(f"  cost: {top['hours']:.1f} h on {args.devices} GPUs = {top['gpu_hours']:.0f} GPU-hours: rented "
+              f"{top['cost_rent_usd']:,.0f} USD, owned {top['cost_own_usd']:,.0f} USD; owning is cheaper above "
+              f"{top['break_even_hours_per_year']:,.0f} busy hours per year "
+              f"({top['break_even_hours_per_year'] / 8766:.0%} utilisation)")
     if args.output:
         output.mkdir(parents=True, exist_ok=True)
-        (output / "plan.json").write_text(json.dumps([c.row() for c in ranked], indent=2) + "\n")
+        (output / "plan.json").write_text(json.dumps(rows, indent=2) + "\n")
     return 0
+
+
+def pick_flags(best) -> str:
+    """The training flags that apply a candidate: its mesh, schedule or accumulation, remat."""
+    flags = f"--mesh {best.mesh}"
+    if best.mesh.pipeline > 1:
+        flags += f" --set pipeline.microbatches={best.microbatches} --set pipeline.repeats={best.repeats}"
+    elif best.microbatches > 1:
+        flags += f" --set optim.grad_accum={best.microbatches}"
+    return flags + f" --set model.remat={best.remat}"
 
 
 def main(argv: list[str]) -> int:

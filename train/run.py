@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 from triskele.mesh import host_to_global, make_mesh, process_rows
+from triskele.train.auto_mesh import AUTO, resolve_auto_mesh
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import CheckpointConfig, Config, config_from_dict
 from triskele.train.data.pipeline import Source, eval_batches
@@ -56,7 +57,14 @@ class RunParts:
 
 
 def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
-    """Validates `config` against the mesh and lays out (abstractly) everything the step needs."""
+    """Validates `config` against the mesh and lays out (abstractly) everything the step needs.
+    `config.mesh` "auto" is resolved here, for the local devices (and written back into `config`)."""
+    if mesh is None and config.mesh == AUTO:
+        chosen, lines = resolve_auto_mesh(config)
+        config.mesh, config.model = chosen.mesh, chosen.model
+        config.optim, config.pipeline = chosen.optim, chosen.pipeline
+        if jax.process_index() == 0:
+            print("\n".join(lines), flush=True)
     mesh = make_mesh(config.mesh, dcn=config.dcn) if mesh is None else mesh
     validate(config, mesh)
     domain = get_domain(config.domain)
@@ -96,7 +104,9 @@ def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, n
             for key, value in per_record.items():
                 records.setdefault(key, []).append(np.asarray(value)[keep])
     unreadable = {"unreadable": len(source.bad)} if hasattr(source, "bad") else {}
-    return {**totals, **unreadable, **{key: np.concatenate(parts_) for key, parts_ in records.items()}}
+    names = getattr(getattr(source, "source", source), "family_names", None)
+    families = {"family_names": np.array(names)} if names is not None else {}
+    return {**totals, **unreadable, **families, **{key: np.concatenate(parts_) for key, parts_ in records.items()}}
 
 
 def _open_run(workdir: str | Path, mesh: Mesh | None, step: int | None, overrides: dict[str, Any] | None,
