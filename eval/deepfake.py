@@ -31,9 +31,39 @@ def plot_roc(labels: np.ndarray, scores: np.ndarray, path: Path, title: str) -> 
     plt.close(fig)
 
 
+def plot_families(aucs: dict[str, float], path: Path) -> None:
+    """The cross-manipulation table as bars: frame and video AUC per family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = [key.split("/", 1)[1] for key in aucs if key.startswith("auc_frame/")]
+    x = np.arange(len(families))
+    fig, ax = plt.subplots(figsize=(1.2 * len(families) + 2, 3.5))
+    for offset, level in ((-0.2, "frame"), (0.2, "video")):
+        values = [aucs[f"auc_{level}/{f}"] for f in families]
+        bars = ax.bar(x + offset, values, width=0.4, label=f"{level} AUC")
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(0.5, color="k", linestyle="--", linewidth=0.8)
+    ax.set_xticks(x, families)
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel("AUC (family's fakes vs all reals)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def write_artifacts(parts, params, source, totals, out_dir: Path) -> list[str]:
+    from triskele.train.metrics.deepfake import family_aucs
+
     plot_roc(totals["label"], totals["score"], out_dir / "roc.png", "frame-level ROC")
-    return ["roc.png"]
+    aucs = family_aucs(totals)
+    if not aucs:
+        return ["roc.png"]
+    plot_families(aucs, out_dir / "families.png")
+    return ["roc.png", "families.png"]
 
 
 @dataclasses.dataclass

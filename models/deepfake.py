@@ -44,9 +44,9 @@ class _BinaryDetector(nnx.Module):
         return self.logits(images)[0]
 
     def eval_stats(self, batch: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-        """Per record: fake probability, label and video id (for video-level AUC)."""
+        """Per record: fake probability, label, video id (for video-level AUC) and manipulation family."""
         score = jax.nn.sigmoid(self.logits(batch["image"])[0])
-        return {}, {"score": score, "label": batch["label"], "video": batch["video"]}
+        return {}, {"score": score, "label": batch["label"], "video": batch["video"], "family": batch["family"]}
 
     def serve(self, images: jax.Array) -> dict[str, jax.Array]:
         """What inference returns: the fake probability per record (B,)."""

@@ -28,9 +28,12 @@ def test_evaluation_is_mesh_invariant_and_reports_deepfakebench_metrics(trained,
     b = evaluate_checkpoint(trained, mesh="data=2,fsdp=2,tensor=2")
     assert set(a["metrics"]) >= {"auc_frame", "auc_video", "eer", "ap", "acc"}
     assert a["metrics"]["records"] == 64 and a["metrics"]["videos"] == 16
-    for key in ("auc_frame", "auc_video", "eer", "ap", "acc"):
+    families = [k for k in a["metrics"] if k.startswith("auc_frame/")]
+    assert len(families) >= 3 and {f"auc_video/{k.split('/')[1]}" for k in families} <= set(a["metrics"])
+    for key in ("auc_frame", "auc_video", "eer", "ap", "acc", *families):
         assert a["metrics"][key] == pytest.approx(b["metrics"][key], abs=1e-6), key
     assert (trained / "eval" / "3" / "roc.png").is_file()
+    assert (trained / "eval" / "3" / "families.png").stat().st_size > 5_000
 
 
 def test_holdout_evaluates_one_family(trained, capsys):

@@ -1,11 +1,13 @@
-"""Deepfake data: procedural faces with self-blended fakes, and FaceForensics++ frames on disk.
+"""Deepfake data: procedural faces with blended fakes, and FaceForensics++ frames on disk.
 
-Synthetic fakes are made the way self-blended images are: the same face is altered by one
-manipulation family (colour shift, exposure, down-then-up resampling, sharpening) and blended
-back through a jittered, elastically deformed, blurred mask of the inner face; real and fake
-frames alike are JPEG-compressed at a random quality. Real and fake videos come in pairs of the
-same identity, so identity is no shortcut. A video is T frames of one identity with small
-motion; a fake keeps its blend across frames with slight flicker.
+Synthetic fakes alter the same face by one manipulation family (colour shift, exposure,
+down-then-up resampling, sharpening) and blend it back through a jittered, elastically deformed,
+blurred mask of the inner face. The test split also holds two families no training recipe makes:
+`Swap` (another identity's inner face, colour-matched and blended in) and `Warp` (the eyes and
+mouth geometrically warped and blended back). Real and fake frames alike are JPEG-compressed at a
+random quality. Real and fake videos come in pairs of the same identity, so identity is no
+shortcut. A video is T frames of one identity with small motion; a fake keeps its blend across
+frames with slight flicker. Every record carries its family's code (`FAMILY_NAMES`; 0 = real).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from triskele.train.data.images import IMAGE_SUFFIXES, read_image
 from triskele.train.data.pipeline import RecordCache
 
 FAMILIES = ("ColorShift", "Exposure", "Resample", "Sharpen")
+"""The families a supervised detector trains on (and the self-blending pool resembles)."""
+UNSEEN_FAMILIES = ("Swap", "Warp")
+"""Families of the synthetic test split only: no training recipe makes them."""
+FAMILY_NAMES = ("real", *FAMILIES, *UNSEEN_FAMILIES)
+"""A synthetic record's `family` code is its index here."""
 _SPLIT_OFFSET = {"train": 0, "val": 1, "test": 2}
 
 
@@ -48,8 +55,10 @@ def _identity(seed: int, identity: int) -> dict:
     }
 
 
-def render_face(ident: dict, size: int, shift: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
-    """(RGB float image, inner-face region in [0, 1]) of one identity, moved by `shift` pixels."""
+def render_face(ident: dict, size: int, shift: tuple[float, float] = (0.0, 0.0),
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(RGB float image, inner-face region, whole face region; regions in {0, 1}) of one identity,
+    moved by `shift` pixels."""
     rows, cols = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
     cy, cx = ident["center"][0] * size + shift[0], ident["center"][1] * size + shift[1]
     ry, rx = ident["radii"][0] * size, ident["radii"][1] * size
@@ -78,7 +87,7 @@ def render_face(ident: dict, size: int, shift: tuple[float, float] = (0.0, 0.0))
     mouth = _ellipse(rows, cols, cy + ident["mouth_y"] * size, cx, 0.025 * size, ident["mouth_w"] * size) < 1
     image = np.where(mouth[..., None], ident["lips"], image)
     inner = _ellipse(rows, cols, cy + 0.04 * size, cx, 0.7 * ry, 0.78 * rx) < 1
-    return np.clip(image, 0, 1), inner.astype(np.float64)
+    return np.clip(image, 0, 1), inner.astype(np.float64), face.astype(np.float64)
 
 
 def _manipulate(image: np.ndarray, family: str, rng: np.random.Generator) -> np.ndarray:
@@ -120,9 +129,58 @@ def jpeg(image: np.ndarray, quality: int) -> np.ndarray:
     return np.asarray(Image.open(buffer), np.float32) / 255.0
 
 
-def render_video(seed: int, video: int, size: int, frames: int, family: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """Frames (T, size, size, 3) float32 and blend masks (T, size, size) uint8 (0 everywhere for a
-    real video): video `video`, real if `family` is None, else self-blended.
+def _colour_matched(donor: np.ndarray, target: np.ndarray, region: np.ndarray) -> np.ndarray:
+    """`donor` with its face region's per-channel mean and spread moved to `target`'s."""
+    inside = region > 0.5
+    d, t = donor[inside], target[inside]
+    return (donor - d.mean(0)) / (d.std(0) + 1e-6) * t.std(0) + t.mean(0)
+
+
+def _feature_warp(image: np.ndarray, ident: dict, shift: tuple[float, float], rng: np.random.Generator,
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(image with eyes magnified and mouth stretched, the warped features' region)."""
+    size = image.shape[0]
+    rows, cols = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
+    cy, cx = ident["center"][0] * size + shift[0], ident["center"][1] * size + shift[1]
+    er = ident["eye_r"] * size
+    eyes = [(cy + ident["eye_y"] * size, cx + side * ident["eye_dx"] * size) for side in (-1, 1)]
+    mouth = (cy + ident["mouth_y"] * size, cx)
+    src_r, src_c, region = rows.copy(), cols.copy(), np.zeros((size, size))
+    eye_scale = rng.uniform(1.25, 1.5)
+    mouth_scale = (rng.uniform(0.6, 1.6), rng.uniform(1.2, 1.5))
+    features = [(ey, ex, 2.2 * er, 2.2 * er, (eye_scale, eye_scale)) for ey, ex in eyes]
+    features.append((*mouth, 0.06 * size, ident["mouth_w"] * size * 1.4, mouth_scale))
+    for fy, fx, ry, rx, (sy, sx) in features:
+        weight = np.exp(-(((rows - fy) / ry) ** 2 + ((cols - fx) / rx) ** 2))
+        src_r -= weight * (rows - fy) * (1 - 1 / sy)
+        src_c -= weight * (cols - fx) * (1 - 1 / sx)
+        region = np.maximum(region, (_ellipse(rows, cols, fy, fx, 1.4 * ry, 1.4 * rx) < 1).astype(np.float64))
+    warped = np.stack([ndimage.map_coordinates(image[..., c], [src_r - 0.5, src_c - 0.5], order=1, mode="nearest")
+                       for c in range(3)], axis=-1)
+    return warped, region
+
+
+def _fake_frame(image: np.ndarray, inner: np.ndarray, ident: dict, family: str, shift: tuple[float, float],
+                states: tuple[int, int], seed: int, video: int) -> tuple[np.ndarray, np.ndarray]:
+    """(altered face, blend mask) of one frame; `states` seed the family's and the mask's draws, the
+    same for every frame of the video."""
+    manip_rng, mask_rng = np.random.default_rng(states[0]), np.random.default_rng(states[1])
+    if family == "Swap":  # another identity with this face's geometry (as landmarks align a swap)
+        donor = {**_identity(seed, 5_000_000 + video), "center": ident["center"], "radii": ident["radii"]}
+        altered = _colour_matched(render_face(donor, image.shape[0], shift)[0], image, inner)
+        return altered, _blend_mask(inner, mask_rng)
+    if family == "Warp":
+        altered, region = _feature_warp(image, ident, shift, manip_rng)
+        sigma = mask_rng.uniform(0.8, 2.0) * image.shape[0] / 64
+        return altered, np.clip(ndimage.gaussian_filter(region, sigma), 0, 1)
+    return _manipulate(image, family, manip_rng), _blend_mask(inner, mask_rng)
+
+
+def render_video(seed: int, video: int, size: int, frames: int, family: str | None,
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Frames (T, size, size, 3) float32, blend masks (T, size, size) uint8 (0 everywhere for a
+    real video) and face regions (T, size, size) uint8: video `video`, real if `family` is None,
+    else faked by that family.
 
     Videos 2k and 2k+1 share identity k, so a real and a fake video of each face exist.
     """
@@ -130,16 +188,16 @@ def render_video(seed: int, video: int, size: int, frames: int, family: str | No
     rng = np.random.default_rng([seed, 11, video])
     walk = np.cumsum(rng.normal(0, 0.6, size=(frames, 2)), axis=0)
     fake_rng = np.random.default_rng([seed, 13, video])
-    mask_rng_state = fake_rng.integers(1 << 30)
+    mask_state = fake_rng.integers(1 << 30)
     manip_state = fake_rng.integers(1 << 30)
     focus = rng.uniform(0.0, 0.55)  # camera blur of the whole frame: smoothness alone is no cue
-    out, blends = [], []
+    out, blends, regions = [], [], []
     for t in range(frames):
-        image, inner = render_face(ident, size, tuple(walk[t]))
+        image, inner, face = render_face(ident, size, tuple(walk[t]))
         mask = np.zeros((size, size, 1))
         if family is not None:
-            altered = _manipulate(image, family, np.random.default_rng(manip_state))
-            mask = _blend_mask(inner, np.random.default_rng(mask_rng_state))
+            altered, mask = _fake_frame(image, inner, ident, family, tuple(walk[t]), (manip_state, mask_state),
+                                        seed, video)
             flicker = 1.0 + 0.08 * rng.normal()
             mask = np.clip(mask * flicker, 0, 1)[..., None]
             image = np.clip(mask * altered + (1 - mask) * image, 0, 1)
@@ -147,30 +205,40 @@ def render_video(seed: int, video: int, size: int, frames: int, family: str | No
             image = ndimage.gaussian_filter(image, sigma=(focus, focus, 0))
         out.append(jpeg(image, int(rng.integers(75, 96))))
         blends.append((mask[..., 0] * 255).round().astype(np.uint8))
-    return np.stack(out), np.stack(blends)
+        regions.append((face * 255).astype(np.uint8))
+    return np.stack(out), np.stack(blends), np.stack(regions)
 
 
 class SyntheticFaces:
     """Random-access synthetic split of videos; records are frames (`clip_frames` 1) or clips.
 
-    Video v is fake when v is odd, with family FAMILIES-chosen from `families` by a hash of v.
+    Video v is fake when v is odd, with a family chosen from `families` by a hash of v (default:
+    the training families, and on the test split the unseen ones too). Its real videos are also
+    the `RealFaces` a self-blended training split draws from.
     """
 
+    family_names = FAMILY_NAMES
+
     def __init__(self, split: str, num_records: int, image_size: int, frames_per_video: int, seed: int = 0,
-                 families: tuple[str, ...] = FAMILIES, clip_frames: int = 1, cache_bytes: int = 256 << 20):
+                 families: tuple[str, ...] | None = None, clip_frames: int = 1, cache_bytes: int = 256 << 20):
         if split not in _SPLIT_OFFSET:
             raise ValueError(f"deepfake split {split!r} is not one of {', '.join(_SPLIT_OFFSET)}")
-        unknown = set(families) - set(FAMILIES)
+        allowed = FAMILIES + UNSEEN_FAMILIES if split == "test" else FAMILIES
+        families = allowed if families is None else tuple(families)
+        unknown = set(families) - set(allowed)
         if unknown or not families:
-            raise ValueError(f"manipulation families {sorted(unknown) or '()'} unknown; choose from {FAMILIES}")
+            only_test = " (Swap and Warp are in the test split only)" if unknown & set(UNSEEN_FAMILIES) else ""
+            raise ValueError(f"manipulation families {sorted(unknown) or '()'} unknown for split {split!r}"
+                             f"{only_test}; choose from {allowed}")
         self.split, self.image_size, self.seed = split, image_size, seed
-        self.frames_per_video, self.clip_frames, self.families = frames_per_video, clip_frames, tuple(families)
+        self.frames_per_video, self.clip_frames, self.families = frames_per_video, clip_frames, families
         per_record = clip_frames if clip_frames > 1 else 1
         per_video = frames_per_video // per_record if clip_frames == 1 else 1
         self.num_videos = max(num_records // max(per_video, 1), 2)
         self.num_records = self.num_videos * per_video
+        self.num_reals = (self.num_videos + 1) // 2 * per_video
         self._per_video = per_video
-        frame_bytes = 12 * image_size**2 * frames_per_video
+        frame_bytes = 13 * image_size**2 * frames_per_video
         self._video = RecordCache(self._render, max(cache_bytes // frame_bytes, 2))
 
     def __len__(self) -> int:
@@ -182,27 +250,40 @@ class SyntheticFaces:
         pick = np.random.default_rng([self.seed, 17, _SPLIT_OFFSET[self.split], video]).integers(len(self.families))
         return self.families[pick]
 
-    def _render(self, video: int) -> np.ndarray:
+    def _render(self, video: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         global_video = video + _SPLIT_OFFSET[self.split] * 1_000_000
         frames = self.clip_frames if self.clip_frames > 1 else self.frames_per_video
         return render_video(self.seed, global_video, self.image_size, frames, self.family(video))
 
+    def _record(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        video, frame = divmod(index, self._per_video)
+        frames, blends, regions = self._video(video)
+        if self.clip_frames == 1:
+            frames, blends, regions = frames[frame], blends[frame], regions[frame]
+        return frames, blends, regions, video
+
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         if not 0 <= index < self.num_records:
             raise IndexError(f"record {index} is outside the {self.split} split of {self.num_records} records")
-        video, frame = divmod(index, self._per_video)
-        frames, blends = self._video(video)
-        if self.clip_frames == 1:
-            frames, blends = frames[frame], blends[frame]
-        return augment(image=frames, label=int(video % 2), video=video, rng=rng, blend=blends)
+        frames, blends, _, video = self._record(index)
+        family = self.family(video)
+        return augment(image=frames, label=int(video % 2), video=video, rng=rng, blend=blends,
+                       family=FAMILY_NAMES.index(family) if family else 0)
+
+    def real_face(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Real record k (of `num_reals`): the frame or clip, its face region(s) in [0, 1], video."""
+        video, frame = divmod(k, self._per_video)
+        frames, _, regions, video = self._record(2 * video * self._per_video + frame)
+        return frames, regions / 255.0, video
 
 
 def augment(image: np.ndarray, label: int, video: int, rng: np.random.Generator | None,
-            blend: np.ndarray | None = None) -> dict[str, np.ndarray]:
+            blend: np.ndarray | None = None, family: int | None = None) -> dict[str, np.ndarray]:
     """A random horizontal flip (rng None: none), as the record dict the model reads.
 
     `blend` is where a fake was blended in (uint8, 255 = fully), known for synthetic fakes; on-disk
-    data has none, and `blend_known` 0 keeps it out of the loss.
+    data has none, and `blend_known` 0 keeps it out of the loss. `family` is the code of the
+    record's manipulation family in its source's `family_names` (default: the label).
     """
     known = blend is not None
     if blend is None:
@@ -210,7 +291,8 @@ def augment(image: np.ndarray, label: int, video: int, rng: np.random.Generator 
     if rng is not None and rng.random() < 0.5:
         image, blend = image[..., ::-1, :], blend[..., ::-1]
     return {"image": np.ascontiguousarray(image, np.float32), "label": np.int32(label), "video": np.int32(video),
-            "blend": np.ascontiguousarray(blend), "blend_known": np.float32(known)}
+            "blend": np.ascontiguousarray(blend), "blend_known": np.float32(known),
+            "family": np.int32(label if family is None else family)}
 
 
 def sample_uniformly(frames: list[Path], count: int) -> list[Path]:
@@ -235,14 +317,16 @@ class FaceFrames:
     (pairs [a, b]: reals a and b, fakes a_b and b_a) when present; without it every video is in
     every split (reported). Generic: `[<split>/]{real,fake}/<video>/<frame>.png`.
     Records are frames (`clip_frames` 1) or clips of `clip_frames` frames; `frames_per_video`
-    frames are sampled uniformly from each video.
+    frames are sampled uniformly from each video. A record's family is its method (FF++) or
+    `fake` (generic). `reals_only` reads the real videos alone (for self-blended training, whose
+    face region is `crop_face_region`: crops carry no landmarks).
     """
 
     def __init__(self, root: str | Path, split: str, image_size: int, frames_per_video: int,
                  clip_frames: int = 1, methods: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
-                 compression: str = "c23"):
+                 compression: str = "c23", reals_only: bool = False):
         self.root, self.split, self.image_size = Path(root), split, image_size
-        self.clip_frames = clip_frames
+        self.clip_frames, self.reals_only = clip_frames, reals_only
         if not self.root.is_dir():
             raise ValueError(f"data.path {str(self.root)!r} is not a folder")
         self.notes: list[str] = []
@@ -252,11 +336,17 @@ class FaceFrames:
         else:
             self.layout = "generic"
             videos = self._generic()
-        if not any(label == 0 for *_, label in videos) or not any(label == 1 for *_, label in videos):
-            raise ValueError(f"{self.layout} data at {self.root}, split {split!r}: needs real and fake videos, "
+        if reals_only:
+            videos = [v for v in videos if v[2] == 0]
+        if not any(label == 0 for *_, label in videos) or not (reals_only or any(label == 1 for *_, label in videos)):
+            raise ValueError(f"{self.layout} data at {self.root}, split {split!r}: needs real "
+                             f"{'' if reals_only else 'and fake '}videos, "
                              f"found {sum(1 for *_, lab in videos if lab == 0)} real and "
                              f"{sum(1 for *_, lab in videos if lab == 1)} fake")
         self.video_names = [name for name, _, _ in videos]
+        methods_found = [name.split("/")[0] for name, _, label in videos if label == 1]
+        self.family_names = ("real", *dict.fromkeys(methods_found))
+        self._families = [self.family_names.index(name.split("/")[0]) if label else 0 for name, _, label in videos]
         self.records: list[tuple[list[Path], int, int]] = []
         for index, (_, folder, label) in enumerate(videos):
             frames = sample_uniformly(_video_frames(folder), frames_per_video)
@@ -268,6 +358,8 @@ class FaceFrames:
                     raise ValueError(f"video folder {folder} has {len(clip)} frames, fewer than the clip "
                                      f"length model.frames={clip_frames}")
                 self.records.append((clip, label, index))
+        self._reals = [i for i, (_, label, _) in enumerate(self.records) if label == 0]
+        self.num_reals = len(self._reals)
 
     def _ffpp(self, compression: str, methods: tuple[str, ...] | None, exclude: tuple[str, ...]):
         real_dir = self.root / "original_sequences" / "youtube" / compression / "frames"
@@ -315,13 +407,13 @@ class FaceFrames:
 
     def _generic(self):
         base = self.root / self.split if (self.root / self.split / "real").is_dir() else self.root
-        if not (base / "real").is_dir() or not (base / "fake").is_dir():
+        if not (base / "real").is_dir() or not (self.reals_only or (base / "fake").is_dir()):
             raise ValueError(f"data.path {str(self.root)!r} matches no deepfake layout: expected original_sequences/ "
                              f"(FaceForensics++) or [{self.split}/]real/ and fake/ folders of videos")
         if base == self.root:
             self.notes.append(f"no {self.split}/ folder: every video is in split {self.split!r}")
         return [(f"{kind}/{p.name}", p, label) for kind, label in (("real", 0), ("fake", 1))
-                for p in sorted((base / kind).iterdir()) if p.is_dir()]
+                if (base / kind).is_dir() for p in sorted((base / kind).iterdir()) if p.is_dir()]
 
     def report(self) -> str:
         videos = len(self.video_names)
@@ -331,8 +423,18 @@ class FaceFrames:
     def __len__(self) -> int:
         return len(self.records)
 
+    def _image(self, paths: list[Path]) -> np.ndarray:
+        frames = [read_image(p, self.image_size, 3) for p in paths]
+        return np.stack(frames) if self.clip_frames > 1 else frames[0]
+
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         paths, label, video = self.records[index]
-        frames = [read_image(p, self.image_size, 3) for p in paths]
-        image = np.stack(frames) if self.clip_frames > 1 else frames[0]
-        return augment(image, label, video, rng)
+        return augment(self._image(paths), label, video, rng, family=self._families[video])
+
+    def real_face(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Real record k (of `num_reals`), the crop's face region (per frame of a clip), video."""
+        from triskele.train.data.sbi import crop_face_region
+
+        paths, _, video = self.records[self._reals[k]]
+        image = self._image(paths)
+        return image, np.broadcast_to(crop_face_region(self.image_size), image.shape[:-1]), video

@@ -44,8 +44,17 @@ class RecordCache:
 
 
 @functools.lru_cache(maxsize=4)
-def epoch_permutation(seed: int, epoch: int, num_records: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(num_records)
+def epoch_permutation(seed: int, epoch: int, num_records: int, group: int = 1) -> np.ndarray:
+    """The epoch's record order. With `group` > 1 (a source whose records come in groups, such as
+    a real face and its self-blended twin), groups are shuffled and stay whole and in order, so a
+    batch of a multiple of `group` records holds every group it touches entire."""
+    order = np.random.default_rng([seed, epoch]).permutation(num_records // group)
+    return (order[:, None] * group + np.arange(group)).ravel()
+
+
+def record_group(source: Source) -> int:
+    """Records per group of `source` (its `group_size`, through wrappers; 1 without one)."""
+    return getattr(getattr(source, "source", source), "group_size", 1)
 
 
 def steps_per_epoch(num_records: int, global_batch: int) -> int:
@@ -67,10 +76,14 @@ class TrainStepLoader:
     def __init__(self, source: Source, global_batch: int, seed: int, rows: tuple[int, int]):
         self.source, self.global_batch, self.seed, self.rows = source, global_batch, seed, rows
         self.steps_per_epoch = steps_per_epoch(len(source), global_batch)
+        self.group = record_group(source)
+        if global_batch % self.group:
+            raise ValueError(f"data.global_batch={global_batch} must be a multiple of {self.group}: this training "
+                             f"split's records come in groups of {self.group} that share a batch")
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         epoch, within = divmod(int(step), self.steps_per_epoch)
-        perm = epoch_permutation(self.seed, epoch, len(self.source))
+        perm = epoch_permutation(self.seed, epoch, len(self.source), self.group)
         start, stop = self.rows
         indices = perm[within * self.global_batch : (within + 1) * self.global_batch][start:stop]
         records = [

@@ -10,6 +10,7 @@ from triskele.models.deepfake import FrameDetector, VideoDetector
 from triskele.train.backbone import vit_config
 from triskele.train.data.deepfake import FAMILIES, FaceFrames, SyntheticFaces
 from triskele.train.data.pipeline import Source
+from triskele.train.data.sbi import SelfBlendedFaces, pool_without
 from triskele.train.domains import Domain, register
 from triskele.train.metrics import deepfake as deepfake_metrics
 
@@ -18,8 +19,13 @@ from triskele.train.metrics import deepfake as deepfake_metrics
 class DeepfakeOptions:
     frames_per_video: int = 32
     """Frames sampled uniformly from each video."""
+    fakes: str = "supervised"
+    """How training sees fakes: `supervised` trains on the data's own fakes (synthetic families, or
+    the methods on disk); `sbi` makes each real face's fake twin by self-blending and never reads a
+    fake (README, "deepfake": which generalises where, measured)."""
     holdout: str | None = None
-    """A manipulation family/method left out of training (cross-manipulation protocol)."""
+    """A manipulation family/method left out of training (cross-manipulation protocol); with
+    `fakes=sbi`, the pool transforms that resemble the family are removed too."""
     eval_methods: str | None = None
     """Comma-separated methods whose fakes evaluation uses (None: all)."""
     compression: str = "c23"
@@ -30,20 +36,35 @@ def _methods(text: str | None) -> tuple[str, ...] | None:
     return tuple(m.strip() for m in text.split(",") if m.strip()) if text else None
 
 
+FAKES = ("sbi", "supervised")
+
+
+def resolve(config) -> None:
+    """Refuses options that name nothing, when a run starts."""
+    options = config.deepfake
+    if options.fakes not in FAKES:
+        raise ValueError(f"config key 'deepfake.fakes' is {options.fakes!r}; choose one of {', '.join(FAKES)}")
+    if options.holdout is not None and not config.data.path and options.holdout not in FAMILIES:
+        raise ValueError(f"config key 'deepfake.holdout' is {options.holdout!r}; the synthetic training families "
+                         f"are {', '.join(FAMILIES)}")
+
+
 def open_split(config, split: str) -> Source:
     options, frames = config.deepfake, config.model.frames
-    holdout = (options.holdout,) if options.holdout and split == "train" else ()
+    self_blended = options.fakes == "sbi" and split == "train"
+    holdout = (options.holdout,) if options.holdout and split == "train" and not self_blended else ()
     chosen = None if split == "train" else _methods(options.eval_methods)
     if config.data.path:
-        files = FaceFrames(config.data.path, split, config.model.image_size, options.frames_per_video, frames,
-                           methods=chosen, exclude=holdout, compression=options.compression)
+        source = FaceFrames(config.data.path, split, config.model.image_size, options.frames_per_video, frames,
+                            methods=chosen, exclude=holdout, compression=options.compression, reals_only=self_blended)
         if jax.process_index() == 0:
-            print(files.report(), flush=True)
-        return files
-    families = tuple(f for f in (chosen or FAMILIES) if f not in holdout)
-    size = config.data.train_size if split == "train" else config.data.eval_size
-    return SyntheticFaces(split, size, config.model.image_size, options.frames_per_video, seed=config.run.seed,
-                          families=families, clip_frames=frames)
+            print(source.report(), flush=True)
+    else:
+        families = chosen or (tuple(f for f in FAMILIES if f not in holdout) if split == "train" else None)
+        size = config.data.train_size if split == "train" else config.data.eval_size
+        source = SyntheticFaces(split, size, config.model.image_size,
+                                options.frames_per_video, seed=config.run.seed, families=families, clip_frames=frames)
+    return SelfBlendedFaces(source, pool_without(options.holdout), config.run.seed) if self_blended else source
 
 
 def build_model(config, rngs: nnx.Rngs, stages: int) -> FrameDetector | VideoDetector:
@@ -57,7 +78,7 @@ DEEPFAKE = register(Domain(
     name="deepfake", summary="real/fake detection of face crops, per frame and per video",
     options=DeepfakeOptions,
     preset={"model.channels": 3, "deepfake.frames_per_video": 8, "data.train_size": 6144, "data.eval_size": 1024,
-            "run.steps": 1500, "run.eval_every": 750},
-    build_model=build_model, open_split=open_split, class_names=lambda config: ["real", "fake"],
+            "run.steps": 3000, "run.eval_every": 750},
+    build_model=build_model, open_split=open_split, resolve=resolve, class_names=lambda config: ["real", "fake"],
     metrics=deepfake_metrics.metrics, metric_names=deepfake_metrics.NAMES, evaluation="triskele.eval.deepfake",
 ))

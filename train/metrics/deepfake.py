@@ -1,6 +1,10 @@
 """Deepfake metrics as DeepfakeBench computes them (`training/metrics/utils.py`): frame AUC, EER
 (FPR where |FNR - FPR| is smallest on the ROC), AP, accuracy at 0.5, and video AUC (frame
-probabilities averaged per video, then AUC); a video model's records are whole clips."""
+probabilities averaged per video, then AUC); a video model's records are whole clips.
+
+The cross-manipulation table: `auc_frame/<family>` and `auc_video/<family>` score each family's
+fakes against every real of the split, where records carry their family (`family`, a code into
+`family_names`, 0 = real)."""
 
 from __future__ import annotations
 
@@ -35,6 +39,21 @@ def video_scores(videos: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> 
     return video_labels, mean
 
 
+def family_aucs(totals: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per manipulation family present: frame and video AUC of its fakes against all reals."""
+    if "family" not in totals or "family_names" not in totals:
+        return {}
+    family, names = np.asarray(totals["family"]), [str(n) for n in totals["family_names"]]
+    result = {}
+    for code in sorted(set(np.unique(family).tolist()) - {0}):
+        chosen = (family == 0) | (family == code)
+        labels, scores = totals["label"][chosen], totals["score"][chosen]
+        video_labels, video_mean = video_scores(totals["video"][chosen], labels, scores)
+        result[f"auc_frame/{names[code]}"] = roc_metrics(labels, scores)["auc"]
+        result[f"auc_video/{names[code]}"] = roc_metrics(video_labels, video_mean)["auc"]
+    return result
+
+
 def metrics(totals: dict[str, np.ndarray]) -> dict[str, Any]:
     frame = roc_metrics(totals["label"], totals["score"])
     video_labels, video_mean = video_scores(totals["video"], totals["label"], totals["score"])
@@ -44,6 +63,7 @@ def metrics(totals: dict[str, np.ndarray]) -> dict[str, Any]:
         "eer": frame["eer"],
         "ap": frame["ap"],
         "acc": frame["acc"],
+        **family_aucs(totals),
         "records": int(len(totals["score"])),
         "videos": int(len(video_labels)),
     }
