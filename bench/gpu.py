@@ -25,7 +25,7 @@ from common import machine
 GPU_RUNS = {"presets": ("mars-b16", "mars-l16"), "precisions": ("bfloat16", "fp8"), "batch": 256, "steps": 10,
             "formats": ("bfloat16", "int8", "fp8", "fp4"), "predict_batches": (1, 64), "predict_preset": "mars-l16"}
 CPU_RUNS = {"presets": ("mars-tiny",), "precisions": ("bfloat16", "fp8"), "batch": 8, "steps": 2,
-            "formats": ("bfloat16", "int8"), "predict_batches": (1,), "predict_preset": "mars-tiny",
+            "formats": ("int8",), "predict_batches": (1,), "predict_preset": "mars-tiny",
             "overrides": ("model.image_size=32", "data.train_size=16", "data.eval_size=8")}
 FP8_GEMM = re.compile(r'custom_call_target="__cublas\$lt\$matmul\$f8')
 

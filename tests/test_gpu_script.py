@@ -19,7 +19,7 @@ def test_gpu_script_cpu_mode_writes_its_tables(tmp_path):
                                                                           ("mars-tiny", "fp8")]
     for row in result["training"]:
         assert row["step_ms"] > 0 and row["predicted_step_ms"] > 0 and row["fp8_gemm_calls"] == 0  # no cuBLASLt on CPU
-    assert {r["format"] for r in result["predict"]} == {"bfloat16", "int8"}
+    assert [r["format"] for r in result["predict"]] == ["int8"]  # a quantized checkpoint, loaded and run
     assert all(r["images_per_sec"] > 0 and r["bound"] in ("memory", "compute") for r in result["predict"])
     table = (tmp_path / "gpu.md").read_text()
     assert "| mars-tiny | fp8 |" in table and "### Predict, forward only" in table
