@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from triskele.mesh.cost import train_flops
 from triskele.mesh.hardware import get_gpu
 from triskele.mesh.planner import Candidate, PlanInputs, best_for_mesh, candidates
 from triskele.mesh.spec import MESH_AXES, MeshSpec
@@ -80,8 +81,6 @@ def inputs_for(row: Row, gpus: int | None = None, efficiency: float | None = Non
 
 def achieved_tflops(candidate: Candidate, inputs: PlanInputs) -> float:
     """teraFLOP/s per GPU as the paper counts them (recomputation included, bubble excluded)."""
-    from triskele.mesh.cost import train_flops
-
     flops = train_flops(inputs.shape, inputs.global_batch)
     counted = flops.blocks * 4 / 3 + flops.split + flops.replicated
     return counted / inputs.devices / candidate.step_s / 1e12

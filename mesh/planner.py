@@ -237,7 +237,6 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
                                fsdp_reduce_scatter=sent.fsdp_reduce_scatter * fsdp_passes)
     links = {axis: axis_link(mesh, axis, inputs) for axis in ("data", "fsdp", "tensor", "pipeline")}
     layers = shape.depth / mesh.pipeline
-    passes = max(pipeline_microbatches, accumulation)
     per_block = 4 + (1 if remat == "full" else 0)
     iterations = repeats * pipeline_microbatches + mesh.pipeline - 1
     latency = {
@@ -245,7 +244,7 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
         * collective_latency("all-reduce", mesh.data, links["data"][1]),
         "fsdp": layers * fsdp_passes * (inputs.fsdp_gathers + 1) * inputs.fsdp_collectives_per_layer
         * collective_latency("all-gather", mesh.fsdp, links["fsdp"][1]),
-        "tensor": per_block * layers * passes * collective_latency("all-reduce", mesh.tensor, links["tensor"][1]),
+        "tensor": per_block * layers * microbatches * collective_latency("all-reduce", mesh.tensor, links["tensor"][1]),
         "pipeline": 2 * iterations * collective_latency("all-gather", 2, links["pipeline"][1])
         if mesh.pipeline > 1 else 0.0,
     }
@@ -257,7 +256,7 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
     }
     hidden = BACKWARD_SHARE * compute
     exposed = (comm["tensor"] + comm["pipeline"] + max(0.0, comm["fsdp"] - hidden)
-               + max(0.0, comm["data"] - hidden / passes))
+               + max(0.0, comm["data"] - hidden / microbatches))
     step = compute + exposed
     model_flops = flops.per_device(mesh)
     return Candidate(
@@ -299,10 +298,13 @@ def best_for_mesh(inputs: PlanInputs, mesh: MeshSpec, any_fit: bool = False) -> 
     return min(fitting or options, key=lambda c: c.step_s)
 
 
+def parallelism_kinds(mesh: MeshSpec) -> float:
+    """How much parallelism a mesh asks for: a pipeline counts 2, tensor and fsdp 1, data 0.5."""
+    return 2 * (mesh.pipeline > 1) + (mesh.tensor > 1) + (mesh.fsdp > 1) + 0.5 * (mesh.data > 1)
+
+
 def _ranking(candidate: Candidate) -> tuple[bool, float]:
-    mesh = candidate.mesh
-    kinds = 2 * (mesh.pipeline > 1) + (mesh.tensor > 1) + (mesh.fsdp > 1) + 0.5 * (mesh.data > 1)
-    return not candidate.fits, candidate.step_s * (1 + SIMPLICITY_MARGIN * kinds)
+    return not candidate.fits, candidate.step_s * (1 + SIMPLICITY_MARGIN * parallelism_kinds(candidate.mesh))
 
 
 def explain(best: Candidate, inputs: PlanInputs) -> list[str]:

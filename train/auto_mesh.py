@@ -12,7 +12,7 @@ import dataclasses
 
 import jax
 from triskele.mesh.hardware import gpu_of_device
-from triskele.mesh.planner import candidates, explain, meshes
+from triskele.mesh.planner import candidates, explain, meshes, parallelism_kinds
 from triskele.mesh.spec import MeshSpec
 from triskele.train.config import Config
 
@@ -20,8 +20,7 @@ AUTO = "auto"
 
 
 def _simplicity(mesh: MeshSpec) -> tuple:
-    kinds = 2 * (mesh.pipeline > 1) + (mesh.tensor > 1) + (mesh.fsdp > 1) + (mesh.data > 1)
-    return kinds, -mesh.data, -mesh.fsdp, -mesh.tensor
+    return parallelism_kinds(mesh), -mesh.data, -mesh.fsdp, -mesh.tensor
 
 
 def _simplest(config: Config, devices: int) -> tuple[Config, list[str]]:

@@ -101,7 +101,8 @@ def shape_inputs(shape: ModelShape, global_batch: int, gpu_name: Gpu | str, devi
                       memory_bytes=memory_gb * 1e9 if memory_gb else None, **options)
 
 
-def parameter_count(args: argparse.Namespace, config: Config | None, shape: ModelShape) -> float:
+def parameter_count(config: Config | None, shape: ModelShape) -> float:
+    """Weights of the preset's model, or of a transformer known by its sizes."""
     if config is None:
         split, whole = block_params(shape)
         return shape.depth * (split + whole) + shape.vocab * shape.width + shape.tokens * shape.width
@@ -219,7 +220,7 @@ def _with_cost(rows: list[dict], args: argparse.Namespace, gpu: Gpu, batch: int,
 
 def _inference(args: argparse.Namespace, config: Config | None, shape: ModelShape) -> int:
     gpus = [get_gpu(args.gpu)] if args.gpu else list(GPUS.values())
-    weights = parameter_count(args, config, shape)
+    weights = parameter_count(config, shape)
     rows = [dataclasses.asdict(roofline(shape, weights, g.with_links(args.nvlink_gbps, args.network_gbps),
                                         args.format, args.batch, args.efficiency)) for g in gpus]
     name = args.preset or args.shape

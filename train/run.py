@@ -104,7 +104,7 @@ def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, n
             for key, value in per_record.items():
                 records.setdefault(key, []).append(np.asarray(value)[keep])
     unreadable = {"unreadable": len(source.bad)} if hasattr(source, "bad") else {}
-    names = getattr(getattr(source, "source", source), "family_names", None)
+    names = getattr(source, "family_names", None)
     families = {"family_names": np.array(names)} if names is not None else {}
     return {**totals, **unreadable, **families, **{key: np.concatenate(parts_) for key, parts_ in records.items()}}
 

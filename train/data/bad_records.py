@@ -25,6 +25,12 @@ class SkipBadRecords:
     def __len__(self) -> int:
         return len(self.source)
 
+    def __getattr__(self, name: str) -> Any:
+        """What the wrapped source says of itself (its family names, record groups, ...)."""
+        if name == "source":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         """Record `index`, or the next readable one after it (wrapping around)."""
         count = len(self.source)

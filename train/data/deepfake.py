@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from scipy import ndimage
+from triskele.train.data.faces import crop_face_region
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image
 from triskele.train.data.pipeline import RecordCache
 
@@ -433,8 +434,6 @@ class FaceFrames:
 
     def real_face(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Real record k (of `num_reals`), the crop's face region (per frame of a clip), video."""
-        from triskele.train.data.sbi import crop_face_region
-
         paths, _, video = self.records[self._reals[k]]
         image = self._image(paths)
         return image, np.broadcast_to(crop_face_region(self.image_size), image.shape[:-1]), video

@@ -101,3 +101,11 @@ def video_faces(path: Path, frames: int, size: int = CROP_SIZE) -> VideoFaces:
         faces.boxes.append(box)
         faces.crops.append(crop_face(picture, box, size))
     return faces
+
+
+def crop_face_region(size: int) -> np.ndarray:
+    """Where the face is in a face crop with no landmarks: the ellipse inscribed in the crop's inner
+    box (the detector's box, which the crop enlarged `ENLARGE` times about its centre)."""
+    rows, cols = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
+    radius = size / ENLARGE / 2
+    return ((((rows - size / 2) / radius) ** 2 + ((cols - size / 2) / radius) ** 2) < 1).astype(np.float64)

@@ -52,11 +52,6 @@ def epoch_permutation(seed: int, epoch: int, num_records: int, group: int = 1) -
     return (order[:, None] * group + np.arange(group)).ravel()
 
 
-def record_group(source: Source) -> int:
-    """Records per group of `source` (its `group_size`, through wrappers; 1 without one)."""
-    return getattr(getattr(source, "source", source), "group_size", 1)
-
-
 def steps_per_epoch(num_records: int, global_batch: int) -> int:
     if num_records < global_batch:
         raise ValueError(
@@ -76,7 +71,7 @@ class TrainStepLoader:
     def __init__(self, source: Source, global_batch: int, seed: int, rows: tuple[int, int]):
         self.source, self.global_batch, self.seed, self.rows = source, global_batch, seed, rows
         self.steps_per_epoch = steps_per_epoch(len(source), global_batch)
-        self.group = record_group(source)
+        self.group = getattr(source, "group_size", 1)
         if global_batch % self.group:
             raise ValueError(f"data.global_batch={global_batch} must be a multiple of {self.group}: this training "
                              f"split's records come in groups of {self.group} that share a batch")

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 from scipy import ndimage
-from triskele.train.data.faces import ENLARGE
+from triskele.train.data.deepfake import augment, jpeg
 
 COLOUR_TRANSFORMS = ("rgb_shift", "hue_saturation", "brightness_contrast")
 """Applied in turn, each with probability 1 as SBI's source transforms are."""
@@ -160,22 +160,12 @@ def self_blend(image: np.ndarray, region: np.ndarray, chosen: Draw) -> tuple[np.
 def post_augment(frames: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """What real and fake alike go through: colour jitter, then JPEG at quality 40-100 (one draw for
     a whole clip). Images (..., H, W, 3) in [0, 1]."""
-    from triskele.train.data.deepfake import jpeg
-
     brightness, contrast, saturation = rng.uniform(-0.08, 0.08), rng.uniform(0.9, 1.1), rng.uniform(0.85, 1.15)
     quality = int(rng.integers(40, 101))
     grey = frames.mean(axis=-1, keepdims=True)
     jittered = (grey + (frames - grey) * saturation - 0.5) * contrast + 0.5 + brightness
     flat = jittered.reshape(-1, *frames.shape[-3:])
     return np.stack([jpeg(f, quality) for f in flat]).reshape(frames.shape)
-
-
-def crop_face_region(size: int) -> np.ndarray:
-    """Where the face is in a face crop with no landmarks: the ellipse inscribed in the crop's inner
-    box (the detector's box, which the crop enlarged `ENLARGE` times about its centre)."""
-    rows, cols = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
-    radius = size / ENLARGE / 2
-    return ((((rows - size / 2) / radius) ** 2 + ((cols - size / 2) / radius) ** 2) < 1).astype(np.float64)
 
 
 class RealFaces(Protocol):
@@ -238,8 +228,6 @@ class SelfBlendedFaces:
         return (out, masks, video, chosen) if clip else (out[0], masks[0], video, chosen)
 
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
-        from triskele.train.data.deepfake import augment
-
         if not 0 <= index < len(self):
             raise IndexError(f"record {index} is outside the self-blended split of {len(self)} records")
         frames, mask, video, _ = self.twin(index, rng)
