@@ -45,8 +45,8 @@ def training_row(preset: str, precision: str, plan: dict) -> dict:
     from triskele.train.config import make_config
     from triskele.train.costs import compile_train_step, model_shape
     from triskele.train.data.pipeline import TrainStepLoader
-    from triskele.train.plan import plan_inputs
     from triskele.train.run import prepare
+    from triskele.train.tools.plan import plan_inputs
 
     config = make_config(preset, [f"precision={precision}", f"data.global_batch={plan['batch']}", "mesh=data=1",
                                   *plan.get("overrides", ())])

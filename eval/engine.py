@@ -27,8 +27,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 from triskele.mesh.chunks import run_groups
+from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.data.pipeline import prefetched
-from triskele.train.files import write_atomically
 
 STATE_DIR = ".triskele-predict"
 """Under the output folder: one JSON per finished input (its result row) and per unreadable one."""

@@ -10,7 +10,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from triskele.train.compile_cache import enable_compilation_cache  # noqa: E402
+from triskele.train.bookkeeping.compile_cache import enable_compilation_cache  # noqa: E402
 
 enable_compilation_cache()
 

@@ -8,7 +8,7 @@ from triskele.mesh.hardware import GPUS
 from triskele.mesh.planner import candidates
 from triskele.train import train
 from triskele.train.auto_mesh import resolve_auto_mesh
-from triskele.train.plan import plan_inputs
+from triskele.train.tools.plan import plan_inputs
 
 
 def test_auto_mesh_trains_resumes_and_evaluates(tmp_path, devices, capsys):

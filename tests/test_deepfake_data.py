@@ -7,7 +7,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
-from triskele.train.data.deepfake import FAMILIES, FaceFrames, SyntheticFaces, sample_uniformly
+from triskele.train.domains.deepfake.data import FAMILIES, FaceFrames, SyntheticFaces, sample_uniformly
 
 
 def test_synthetic_faces_are_deterministic_paired_and_labelled():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from sklearn import metrics as skm
-from triskele.train.metrics.deepfake import metrics, roc_metrics, video_scores
+from triskele.train.domains.deepfake.metrics import metrics, roc_metrics, video_scores
 
 
 def test_metrics_match_scikit_learn_on_random_scores():

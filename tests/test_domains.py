@@ -227,7 +227,7 @@ def test_merch_runs_without_their_training_data(tmp_path, capsys):
 def test_predict_on_an_evaluation_split_gives_what_evaluate_computed(tmp_path):
     from trainutil import mesh_of
     from triskele.eval.evaluate import predict
-    from triskele.train.data.deepfake import SyntheticFaces
+    from triskele.train.domains.deepfake.data import SyntheticFaces
     from triskele.train.run import evaluate_split, restore_run
 
     faces = SyntheticFaces("test", 24, 40, frames_per_video=6)

@@ -19,8 +19,8 @@ from triskele.eval.cli import main as eval_main
 from triskele.eval.engine import predict_files
 from triskele.eval.model import LiveModel, load_model
 from triskele.models.sliding import default_stride, extract_windows, stitch, window_boxes
-from triskele.train.launch import free_port
 from triskele.train.run import restore_params
+from triskele.train.tools.launch import free_port
 
 pytestmark = pytest.mark.xdist_group("inference")  # one trained checkpoint shared by the module
 
@@ -114,8 +114,8 @@ def test_inputs_from_a_glob_and_a_list_of_paths(mars_run, tmp_path):
 
 
 def _io(model):
+    from triskele.eval.domains.mars import predict_io
     from triskele.eval.evaluate import PredictOptions
-    from triskele.eval.mars import predict_io
 
     return predict_io(model.meta, PredictOptions())
 

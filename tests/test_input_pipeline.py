@@ -68,7 +68,7 @@ def test_too_small_training_split_is_an_error():
 
 
 def test_worker_processes_give_the_same_batches_as_threads():
-    from triskele.train.data.mars import SyntheticTerrain
+    from triskele.train.domains.mars.data import SyntheticTerrain
 
     source = SyntheticTerrain("train", 64, 16)
     threads = list(train_batches(source, 8, 3, 2, 6, (0, 8)))

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 from PIL import Image
-from triskele.train.data.mars import SyntheticTerrain, TerrainFiles
-from triskele.train.metrics.mars import confusion_metrics
+from triskele.train.domains.mars.data import SyntheticTerrain, TerrainFiles
+from triskele.train.domains.mars.metrics import confusion_metrics
 
 
 def test_synthetic_terrain_is_deterministic_and_splits_differ():

@@ -7,10 +7,10 @@ import pytest
 from PIL import Image
 from trainutil import mesh_of, train_small
 from triskele.eval.cli import main as eval_main
+from triskele.eval.domains.merch import compliance_report
 from triskele.eval.evaluate import evaluate_checkpoint
-from triskele.eval.merch import compliance_report
 from triskele.eval.model import LiveModel
-from triskele.train.data.merch import (
+from triskele.train.domains.merch.data import (
     EMPTY,
     GALLERY,
     QUERY,
@@ -20,7 +20,7 @@ from triskele.train.data.merch import (
     make_planogram,
     read_planogram,
 )
-from triskele.train.metrics.merch import planogram_metrics, retrieval_metrics, topk_accuracy
+from triskele.train.domains.merch.metrics import planogram_metrics, retrieval_metrics, topk_accuracy
 from triskele.train.run import restore_run
 
 

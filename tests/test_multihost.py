@@ -12,7 +12,7 @@ import pytest
 from conftest import relative_error
 from trainutil import SMALL, mesh_of, small_config, step_records
 from triskele.train import train
-from triskele.train.launch import child_argv, free_port
+from triskele.train.tools.launch import child_argv, free_port
 
 MESH = "data=2,fsdp=2,tensor=2"
 SETS = [arg for key, value in SMALL.items() for arg in ("--set", f"{key}={value}")]

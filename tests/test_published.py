@@ -10,7 +10,7 @@ from triskele.mesh.roofline import roofline
 from triskele.mesh.run_cost import HOURS_PER_YEAR, ownership, run_cost
 from triskele.mesh.transformer import parse_shape
 from triskele.models import VIT_SIZES
-from triskele.train.plan import main as plan_main
+from triskele.train.tools.plan import main as plan_main
 
 KNOWN_TENSOR_MISSES = {39.1: 4}
 """The row with published tensor=8 where the planner picks tensor=4 with 4 pipeline stages: it

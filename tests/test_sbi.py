@@ -7,12 +7,12 @@ import pytest
 from sklearn.metrics import roc_auc_score
 from test_deepfake_data import write_ffpp
 from triskele.train import make_config
-from triskele.train.data.deepfake import FAMILY_NAMES, UNSEEN_FAMILIES, SyntheticFaces
-from triskele.train.data.faces import crop_face_region
 from triskele.train.data.pipeline import TrainStepLoader
-from triskele.train.data.sbi import POOL_FAMILY, blend_mask, draw, pool_without
 from triskele.train.domains import get_domain
-from triskele.train.metrics.deepfake import metrics
+from triskele.train.domains.deepfake.data import FAMILY_NAMES, UNSEEN_FAMILIES, SyntheticFaces
+from triskele.train.domains.deepfake.faces import crop_face_region
+from triskele.train.domains.deepfake.metrics import metrics
+from triskele.train.domains.deepfake.sbi import POOL_FAMILY, blend_mask, draw, pool_without
 
 
 def _sbi_source(**options):

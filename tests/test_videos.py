@@ -17,9 +17,9 @@ pytest.importorskip("skimage", reason="the test videos need scikit-image's sampl
 
 from triskele.eval.cli import main as eval_main  # noqa: E402
 from triskele.train.cli import main as train_main  # noqa: E402
-from triskele.train.data.deepfake import FaceFrames  # noqa: E402
-from triskele.train.data.faces import crop_face, largest_track, video_faces  # noqa: E402
-from triskele.train.data.video import count_frames, sample_frames  # noqa: E402
+from triskele.train.domains.deepfake.data import FaceFrames  # noqa: E402
+from triskele.train.domains.deepfake.faces import crop_face, largest_track, video_faces  # noqa: E402
+from triskele.train.domains.deepfake.video import count_frames, sample_frames  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("videos")  # one prepared tree and run shared by the module
 

@@ -24,7 +24,7 @@ def _simplicity(mesh: MeshSpec) -> tuple:
 
 
 def _simplest(config: Config, devices: int) -> tuple[Config, list[str]]:
-    from triskele.train.plan import abstract_mesh
+    from triskele.train.tools.plan import abstract_mesh
     from triskele.train.validate import validate
 
     refused = []
@@ -43,7 +43,7 @@ def _simplest(config: Config, devices: int) -> tuple[Config, list[str]]:
 def resolve_auto_mesh(config: Config, devices: list[jax.Device] | None = None) -> tuple[Config, list[str]]:
     """`config` with `mesh` (and, from the planner, the schedule and remat) chosen for `devices`,
     and the lines that say why."""
-    from triskele.train.plan import pick_flags, plan_inputs
+    from triskele.train.tools.plan import pick_flags, plan_inputs
 
     devices = list(jax.devices() if devices is None else devices)
     gpu = gpu_of_device(devices[0])

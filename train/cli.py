@@ -63,16 +63,16 @@ def config_from_args(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["plan"]:
-        from triskele.train.plan import main as plan_main
+        from triskele.train.tools.plan import main as plan_main
 
         return plan_main(argv[1:])
     if argv[:1] == ["prepare"]:
-        from triskele.train.prepare import main as prepare_main
+        from triskele.train.domains.deepfake.prepare import main as prepare_main
 
         return prepare_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.local_processes:
-        from triskele.train.launch import launch_local
+        from triskele.train.tools.launch import launch_local
 
         return launch_local(argv, args.local_processes, args.devices_per_process)
     try:

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 from triskele.models.quantize import FORMATS as QUANTIZATION_FORMATS
 from triskele.models.vit import REMAT_POLICIES
+from triskele.train.bookkeeping.profiling import parse_profile_steps
 from triskele.train.metrics import ALWAYS as METRICS_OF_EVERY_DOMAIN
-from triskele.train.profiling import parse_profile_steps
 
 PRECISIONS = ("auto", "float32", "bfloat16", "fp8")
 

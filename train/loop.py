@@ -17,19 +17,19 @@ from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
 from triskele.mesh.cost import bubble_fraction, schedule_iterations
 from triskele.train.backbone import vit_config
+from triskele.train.bookkeeping.compile_cache import enable_compilation_cache
+from triskele.train.bookkeeping.lock import WorkdirLock
+from triskele.train.bookkeeping.logs import PendingMetrics, RunLog, Skipped, first_nonfinite
+from triskele.train.bookkeeping.plots import write_plots
+from triskele.train.bookkeeping.profiling import ProfileWindow
 from triskele.train.checkpoint import Checkpoints
-from triskele.train.compile_cache import enable_compilation_cache
 from triskele.train.config import Config
 from triskele.train.costs import StepThroughput
 from triskele.train.data.bad_records import count_bad_records, tolerant
 from triskele.train.data.pipeline import train_batches
-from triskele.train.lock import WorkdirLock
-from triskele.train.logs import PendingMetrics, RunLog, Skipped, first_nonfinite
 from triskele.train.metrics import MetricsFn, flatten
-from triskele.train.plots import write_plots
 from triskele.train.precision import fp8_note
 from triskele.train.pretrained import load_pretrained, resolve_norm_eps
-from triskele.train.profiling import ProfileWindow
 from triskele.train.run import RunParts, evaluate_split, prepare
 from triskele.train.state import TrainState
 

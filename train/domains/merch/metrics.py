@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from triskele.train.data.merch import CLOSED, FACING, GALLERY, QUERY, SHELF_GALLERY
+from triskele.train.domains.merch.data import CLOSED, FACING, GALLERY, QUERY, SHELF_GALLERY
 
 NAMES = ("top1", "top5", "recall_at_1", "recall_at_5", "map", "facing_acc", "violation_precision",
          "violation_recall", "compliance", "true_compliance")

@@ -1,5 +1,5 @@
 """Deepfake evaluation artifacts (the ROC plot) and per-video predictions; the metrics (as
-DeepfakeBench computes them) are `triskele.train.metrics.deepfake`."""
+DeepfakeBench computes them) are `triskele.train.domains.deepfake.metrics`."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def plot_families(aucs: dict[str, float], path: Path) -> None:
 
 
 def write_artifacts(parts, params, source, totals, out_dir: Path) -> list[str]:
-    from triskele.train.metrics.deepfake import family_aucs
+    from triskele.train.domains.deepfake.metrics import family_aucs
 
     plot_roc(totals["label"], totals["score"], out_dir / "roc.png", "frame-level ROC")
     aucs = family_aucs(totals)
@@ -80,7 +80,7 @@ class _Found:
 
 class DeepfakeIO:
     """Inputs are videos: a video file (.mp4 .avi .mov .mkv .webm), whose faces are found as
-    DeepfakeBench finds them (`triskele.train.data.faces`), or a folder of face crops (frames
+    DeepfakeBench finds them (`triskele.train.domains.deepfake.faces`), or a folder of face crops (frames
     directly under the input root form one video named after the root). The frame model scores
     `frames_per_video` frames sampled uniformly and a video gets their mean; the video model
     scores one clip of `model.frames` of them. `videos.csv` (video, frames_sampled, faces_found,
@@ -89,7 +89,7 @@ class DeepfakeIO:
 
     def __init__(self, meta: dict[str, Any], save_faces: Path | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
-        from triskele.train.data.video import VIDEO_SUFFIXES
+        from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
         self.size, self.clip = meta["image_size"], meta["frames"]
         self.per_video = meta["options"]["frames_per_video"]
@@ -99,7 +99,7 @@ class DeepfakeIO:
     def units(self, root: Path, files: list[Path]):
         from triskele.eval.engine import Unit
         from triskele.eval.inputs import relative_name
-        from triskele.train.data.video import VIDEO_SUFFIXES
+        from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
         units = [Unit(relative_name(f, root), (f,)) for f in files if f.suffix.lower() in VIDEO_SUFFIXES]
         folders: dict[Path, list[Path]] = {}
@@ -112,8 +112,8 @@ class DeepfakeIO:
     def _records(self, crops: list, names: list[str], boxes: list[str], sampled: int) -> tuple[np.ndarray, _Found]:
         """The model's records from face crops (uint8 arrays or crop files), as training reads them."""
         from triskele.models.preprocess import to_model_input
-        from triskele.train.data.deepfake import sample_uniformly
         from triskele.train.data.images import open_image
+        from triskele.train.domains.deepfake.data import sample_uniformly
 
         def model_input(crop) -> np.ndarray:
             return to_model_input(open_image(crop) if isinstance(crop, Path) else Image.fromarray(crop), self.size, 3)
@@ -130,9 +130,9 @@ class DeepfakeIO:
         return np.stack([model_input(crops[i]) for i in clip])[None], found
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
-        from triskele.train.data.deepfake import sample_uniformly
-        from triskele.train.data.faces import video_faces
-        from triskele.train.data.video import VIDEO_SUFFIXES
+        from triskele.train.domains.deepfake.data import sample_uniformly
+        from triskele.train.domains.deepfake.faces import video_faces
+        from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
         if unit.paths[0].suffix.lower() in VIDEO_SUFFIXES:
             faces = video_faces(unit.paths[0], self.per_video)
@@ -147,7 +147,7 @@ class DeepfakeIO:
     def write(self, unit, found: _Found, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
         import io
 
-        from triskele.train.files import write_atomically
+        from triskele.train.bookkeeping.files import write_atomically
 
         scores = [float(p) for p in outputs.get("fake_probability", [])]
         for name, crop in zip(found.names, found.crops or [], strict=False):

@@ -14,10 +14,10 @@ from triskele.mesh.chunks import run_groups
 from triskele.models.mars import CLASS_NAMES, DEFAULT_CLASS_WEIGHTS, IGNORE_LABEL, NUM_CLASSES, TerrainSegmenter
 from triskele.models.sliding import default_stride, extract_windows, resize_bilinear, stitch
 from triskele.train.backbone import vit_config
-from triskele.train.data.mars import SyntheticTerrain, TerrainFiles
 from triskele.train.data.pipeline import Source
 from triskele.train.domains import Domain, register
-from triskele.train.metrics import mars as mars_metrics
+from triskele.train.domains.mars import metrics as mars_metrics
+from triskele.train.domains.mars.data import SyntheticTerrain, TerrainFiles
 from triskele.train.serve import ServeRunner
 
 AI4MARS_SCALE = 0.5
@@ -119,6 +119,6 @@ MARS = register(Domain(
     name="mars", summary="rover terrain segmentation: soil, bedrock, sand, big rock",
     options=MarsOptions, preset={"model.channels": 1, "checkpoint.best_metric": "eval_loss"},
     build_model=build_model, open_split=open_split, class_names=lambda config: list(CLASS_NAMES),
-    metrics=mars_metrics.metrics, metric_names=mars_metrics.NAMES, evaluation="triskele.eval.mars",
+    metrics=mars_metrics.metrics, metric_names=mars_metrics.NAMES, evaluation="triskele.eval.domains.mars",
     resolve=resolve, evaluate=evaluate_frames,
 ))

@@ -1,5 +1,5 @@
 """Merchandising: shelf compliance reports, the gallery index, predictions; the metrics are
-`triskele.train.metrics.merch`."""
+`triskele.train.domains.merch.metrics`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from triskele.train.data.merch import EMPTY
+from triskele.train.domains.merch.data import EMPTY
 
 
 def write_artifacts(parts, params, source, totals, out_dir: Path) -> list[str]:
@@ -43,7 +43,7 @@ def build_gallery(model, input_dir: Path, workdir: Path) -> dict[str, Any]:
     """Embeds every reference image of `input_dir/<sku>/*` and saves the index next to the checkpoints.
     A class folder named `empty` holds pictures of empty facings (gaps). `model`: a LiveModel."""
     from triskele.train.data.images import read_image
-    from triskele.train.data.merch import class_folders
+    from triskele.train.domains.merch.data import class_folders
 
     classes = class_folders(Path(input_dir))
     names = [name for name, paths in classes.items() for _ in paths]
@@ -81,7 +81,7 @@ class MerchIO:
         """Each image; a shelf's planogram is checked against the gallery before anything runs."""
         from triskele.eval.engine import Unit
         from triskele.eval.inputs import relative_name
-        from triskele.train.data.merch import read_planogram
+        from triskele.train.domains.merch.data import read_planogram
 
         for shelf in (f for f in files if f.with_suffix(".json").is_file()):
             if self.gallery is None:
@@ -94,7 +94,7 @@ class MerchIO:
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
         from triskele.train.data.images import read_image
-        from triskele.train.data.merch import facing_crops, read_planogram
+        from triskele.train.domains.merch.data import facing_crops, read_planogram
 
         path = unit.paths[0]
         if path.with_suffix(".json").is_file():
@@ -117,7 +117,7 @@ class MerchIO:
         import io
 
         from PIL import Image, ImageDraw
-        from triskele.train.files import write_atomically
+        from triskele.train.bookkeeping.files import write_atomically
 
         gallery, names = self.gallery
         found_names = names[np.argmax(embeddings @ gallery.T, axis=1)]

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from scipy import ndimage
-from triskele.train.data.faces import crop_face_region
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image
 from triskele.train.data.pipeline import RecordCache
+from triskele.train.domains.deepfake.faces import crop_face_region
 
 FAMILIES = ("ColorShift", "Exposure", "Resample", "Sharpen")
 """The families a supervised detector trains on (and the self-blending pool resembles)."""

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 from scipy import ndimage
-from triskele.train.data.deepfake import augment, jpeg
+from triskele.train.domains.deepfake.data import augment, jpeg
 
 COLOUR_TRANSFORMS = ("rgb_shift", "hue_saturation", "brightness_contrast")
 """Applied in turn, each with probability 1 as SBI's source transforms are."""

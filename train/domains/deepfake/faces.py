@@ -88,7 +88,7 @@ class VideoFaces:
 
 def video_faces(path: Path, frames: int, size: int = CROP_SIZE) -> VideoFaces:
     """`frames` frames sampled uniformly over the decoded ones, the largest face track cropped."""
-    from triskele.train.data.video import sample_frames
+    from triskele.train.domains.deepfake.video import sample_frames
 
     indices, pictures, total = sample_frames(Path(path), frames)
     found = [detect_faces(p) for p in pictures]

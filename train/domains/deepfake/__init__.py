@@ -8,11 +8,11 @@ import jax
 from flax import nnx
 from triskele.models.deepfake import FrameDetector, VideoDetector
 from triskele.train.backbone import vit_config
-from triskele.train.data.deepfake import FAMILIES, FaceFrames, SyntheticFaces
 from triskele.train.data.pipeline import Source
-from triskele.train.data.sbi import SelfBlendedFaces, pool_without
 from triskele.train.domains import Domain, register
-from triskele.train.metrics import deepfake as deepfake_metrics
+from triskele.train.domains.deepfake import metrics as deepfake_metrics
+from triskele.train.domains.deepfake.data import FAMILIES, FaceFrames, SyntheticFaces
+from triskele.train.domains.deepfake.sbi import SelfBlendedFaces, pool_without
 
 
 @dataclasses.dataclass
@@ -80,5 +80,5 @@ DEEPFAKE = register(Domain(
     preset={"model.channels": 3, "deepfake.frames_per_video": 8, "data.train_size": 6144, "data.eval_size": 1024,
             "run.steps": 3000, "run.eval_every": 750},
     build_model=build_model, open_split=open_split, resolve=resolve, class_names=lambda config: ["real", "fake"],
-    metrics=deepfake_metrics.metrics, metric_names=deepfake_metrics.NAMES, evaluation="triskele.eval.deepfake",
+    metrics=deepfake_metrics.metrics, metric_names=deepfake_metrics.NAMES, evaluation="triskele.eval.domains.deepfake",
 ))

@@ -1,5 +1,5 @@
 """Mars terrain evaluation artifacts (confusion plot, overlays) and predicted masks; the metrics
-are `triskele.train.metrics.mars`."""
+are `triskele.train.domains.mars.metrics`."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def report_fields(parts, params, source) -> dict[str, Any]:
     from triskele.mesh.chunks import run_groups
     from triskele.models.preprocess import square_crop_box
     from triskele.models.sliding import default_stride
-    from triskele.train.metrics.mars import confusion_metrics
+    from triskele.train.domains.mars.metrics import confusion_metrics
     from triskele.train.serve import ServeRunner
 
     size = parts.config.model.image_size
@@ -198,7 +198,7 @@ class MarsIO:
         import io
 
         from PIL import Image
-        from triskele.train.files import write_atomically
+        from triskele.train.bookkeeping.files import write_atomically
 
         frame_shape, native_shape = context
         mask = self.probabilities(outputs["logits"], frame_shape, native_shape).argmax(-1).astype(np.uint8)

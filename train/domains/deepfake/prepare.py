@@ -24,9 +24,9 @@ from typing import Any
 
 from PIL import Image
 from tqdm import tqdm
-from triskele.train.data.faces import CROP_SIZE, video_faces
-from triskele.train.data.video import VIDEO_SUFFIXES
-from triskele.train.files import write_atomically
+from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces
+from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
 
 def frames_folder(video: Path, raw: Path, out: Path) -> Path:

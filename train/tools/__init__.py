@@ -1,0 +1,1 @@
+"""Commands beside training: the mesh planner (`plan`) and the local multi-process launcher."""
