@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="YAML or JSON file of overrides (nested or dotted keys); may repeat")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override one config key, e.g. --set optim.lr=3e-4; may repeat")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the fully resolved config as YAML (what --config reads back) and exit: no training")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--stop-after-step", type=int, metavar="N",
                         help="checkpoint and stop at global step N (the next run resumes there)")
@@ -60,6 +62,25 @@ def config_from_args(args: argparse.Namespace):
     return make_config(args.preset, overrides, files=args.config)
 
 
+def print_config(args: argparse.Namespace) -> int:
+    """What a run of these flags resolves before it builds a mesh (the mesh spec stays as given), as YAML."""
+    try:
+        config = config_from_args(args)
+        from triskele.train.domains import class_names, get_domain
+        from triskele.train.pretrained import resolve_norm_eps
+
+        resolve_norm_eps(config)
+        domain = get_domain(config.domain)
+        if domain.resolve is not None:
+            domain.resolve(config)
+        config.model.class_names = class_names(config)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(config.to_yaml(), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["plan"]:
@@ -71,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return prepare_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.print_config:
+        return print_config(args)
     if args.local_processes:
         from triskele.train.tools.launch import launch_local
 

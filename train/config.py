@@ -156,6 +156,16 @@ class Config:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
+    def to_yaml(self) -> str:
+        """Every key as YAML (nested as `to_dict`) that `--config FILE` reads back to this config: a
+        string that YAML 1.1 or 1.2 would read as something else (`20:25`, `off`, `1e-3`) is quoted,
+        None is null, a float is written as its shortest exact repr."""
+        header = (f"# triskele config, preset {self.preset}, every key resolved "
+                  f"(python -m triskele.train --preset {self.preset} --print-config).\n"
+                  "# Train it: python -m triskele.train --config FILE\n")
+        return header + yaml.dump(self.to_dict(), Dumper=YamlDumper, sort_keys=False, default_flow_style=False,
+                                  allow_unicode=True, width=1 << 30)
+
 
 # Per size: model fields and the run's scale. `tiny` trains on a 2-core CPU in minutes.
 _SIZES: dict[str, dict[str, Any]] = {
@@ -196,6 +206,41 @@ PRESETS: Mapping[str, dict[str, Any]] = _Presets()
 DEFAULT_PRESET = "mars-tiny"
 
 
+def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def presets_table() -> str:
+    """The README's preset table: a row per preset with what a run of it gets for every key some preset
+    sets (blank: not a key of that preset's domain); keys every preset gives the same value follow the table."""
+    rows = {name: _flat(make_config(name).to_dict()) for name in PRESETS}
+    set_by_some = {key for name in PRESETS for key in _flat(PRESETS[name])}
+    keys = list(dict.fromkeys(key for row in rows.values() for key in row if key in set_by_some))
+    cells = {key: [_cell(rows[name][key]) if key in rows[name] else "" for name in PRESETS] for key in keys}
+    shared = [key for key in keys if len(set(cells[key])) == 1]
+    columns = [key for key in keys if key not in shared]
+    lines = ["| preset | " + " | ".join(f"`{key}`" for key in columns) + " |",
+             "|" + "---|" * (len(columns) + 1)]
+    lines += [f"| `{name}` | " + " | ".join(cells[key][i] for key in columns) + " |" for i, name in enumerate(PRESETS)]
+    if shared:
+        lines += ["", "Every preset: " + ", ".join(f"`{key}={cells[key][0]}`" for key in shared) + "."]
+    return "\n".join(lines) + "\n"
+
+
 _LEGACY_VALUES: dict[str, dict[Any, Any]] = {"model.remat": {True: "full", False: "none"}}
 """Values older configs (and checkpoints) spell differently: model.remat was a bool."""
 
@@ -218,6 +263,25 @@ YamlLoader.yaml_implicit_resolvers = {
 }
 for _tag, _pattern in _YAML_1_2_SCALARS.items():
     YamlLoader.add_implicit_resolver(_tag, re.compile(_pattern), list("-+0123456789.tTfF"))
+
+
+class YamlDumper(yaml.SafeDumper):
+    """Writes YAML that YamlLoader and plain YAML 1.1 loaders both read back as written: a string
+    either would resolve to another type is quoted (`'20:25'`, `'off'`, `'null'`, `'2024-01-01'`)."""
+
+
+YamlDumper.yaml_implicit_resolvers = {
+    first: [*yaml.SafeDumper.yaml_implicit_resolvers.get(first, []), *YamlLoader.yaml_implicit_resolvers.get(first, [])]
+    for first in {*yaml.SafeDumper.yaml_implicit_resolvers, *YamlLoader.yaml_implicit_resolvers}
+}
+# Other readers: YAML 1.2's core schema reads `1e-3` as a float and `0o17` as an int, YAML 1.1's spec `y` as a bool.
+YamlDumper.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
+                                 list("-+0123456789."))
+YamlDumper.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^0o[0-7]+$"), ["0"])
+YamlDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
+YamlDumper.add_representer(  # a list (class names) on one line
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
 
 
 def _field_types(cls: type) -> dict[str, Any]:
