@@ -6,7 +6,7 @@
 Measured: every all-reduce, all-gather, reduce-scatter, collective-permute and all-to-all of the
 compiled (per-device) program, each counted as often as the loops around it run, at the bytes a
 ring algorithm sends (all-reduce 2(N-1)/N x size, all-gather and reduce-scatter (N-1)/N x the
-whole array, permute the whole operand). Analytic (`triskele.mesh.cost.step_collectives`): ring
+whole array, permute the whole operand). Analytic (`triskele.mesh.perf.formulas.step_collectives`): ring
 all-reduce of the gradients over `data`; an fsdp all-gather of the weights and a reduce-scatter of
 the gradients; Megatron's four activation all-reduces per block over `tensor`; the pipeline's
 microbatch permutes and one broadcast of its outputs.
@@ -18,8 +18,8 @@ import sys
 
 from common import mesh_bench_main
 from triskele.train.config import make_config
-from triskele.train.costs import compile_train_step, measure, predict
 from triskele.train.run import prepare
+from triskele.train.tools.step_analysis import compile_train_step, measure, predict
 
 NOTES = """\
 Where the ratio is far from 1, what the HLO shows (XLA:CPU):

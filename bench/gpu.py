@@ -31,7 +31,7 @@ FP8_GEMM = re.compile(r'custom_call_target="__cublas\$lt\$matmul\$f8')
 
 
 def _gpu():
-    from triskele.mesh.hardware import GPUS, gpu_of_device
+    from triskele.mesh.perf.hardware import GPUS, gpu_of_device
 
     known = gpu_of_device(jax.devices()[0])
     return (known, "") if known else (GPUS["h200"], " (no GPU here: predictions for H200)")
@@ -39,14 +39,14 @@ def _gpu():
 
 def training_row(preset: str, precision: str, plan: dict) -> dict:
     from triskele.mesh import host_to_global, process_rows
-    from triskele.mesh.cost import train_flops
-    from triskele.mesh.planner import best_for_mesh
+    from triskele.mesh.perf.formulas import train_flops
+    from triskele.mesh.perf.planner import best_for_mesh
     from triskele.mesh.spec import MeshSpec
     from triskele.train.config import make_config
-    from triskele.train.costs import compile_train_step, model_shape
     from triskele.train.data.pipeline import TrainStepLoader
     from triskele.train.run import prepare
-    from triskele.train.tools.plan import plan_inputs
+    from triskele.train.tools.planning import plan_inputs
+    from triskele.train.tools.step_analysis import compile_train_step, model_shape
 
     config = make_config(preset, [f"precision={precision}", f"data.global_batch={plan['batch']}", "mesh=data=1",
                                   *plan.get("overrides", ())])
@@ -82,8 +82,8 @@ def training_row(preset: str, precision: str, plan: dict) -> dict:
 def predict_rows(plan: dict, workdir: Path) -> list[dict]:
     from predict import checkpoint, forward_only
     from triskele.eval.model import load_model
-    from triskele.mesh.roofline import roofline
-    from triskele.train.costs import abstract_params, model_shape
+    from triskele.mesh.perf.roofline import roofline
+    from triskele.train.tools.step_analysis import abstract_params, model_shape
 
     gpu, note = _gpu()
     rows = []

@@ -5,7 +5,7 @@
 
 Compiled: the step's arguments (parameters, Adam's two moments, the step counter, the batch),
 its temporaries and its outputs (donated: aliased to the arguments). Analytic
-(`triskele.mesh.cost`): parameters and moments in float32 as the rules shard them, and the
+(`triskele.mesh.perf.formulas`): parameters and moments in float32 as the rules shard them, and the
 activations the backward keeps under the run's remat policy.
 """
 
@@ -15,8 +15,8 @@ import sys
 
 from common import mesh_bench_main
 from triskele.train.config import make_config
-from triskele.train.costs import compile_train_step, example_batch, measure, predict, state_bytes
 from triskele.train.run import prepare
+from triskele.train.tools.step_analysis import compile_train_step, example_batch, measure, predict, state_bytes
 
 
 def measure_mesh(preset: str, overrides: list[str], spec: str) -> dict:

@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from common import print_table, write_json
-from triskele.mesh.hardware import GPUS
-from triskele.mesh.megatron import TABLE1, fit_efficiency, replay_gpt3, replay_row
+from triskele.mesh.perf.hardware import GPUS
+from triskele.mesh.perf.published_runs import TABLE1, fit_efficiency, replay_gpt3, replay_row
 
 
 def main(argv: list[str] | None = None) -> int:

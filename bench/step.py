@@ -24,18 +24,18 @@ import numpy as np
 from common import block, interleaved_seconds, machine, median, print_table, random_images, write_json
 from flax import nnx
 from triskele.mesh import host_to_global, make_mesh, process_rows
-from triskele.mesh.cost import train_flops
-from triskele.mesh.hardware import peak_flops
+from triskele.mesh.perf.formulas import train_flops
+from triskele.mesh.perf.hardware import peak_flops
 from triskele.mesh.spec import MeshSpec
 from triskele.models.vit import ViTClassifier, ViTConfig
 from triskele.train.config import OptimConfig, make_config
-from triskele.train.costs import compile_train_step, measure, model_shape
 from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.optim import make_optimizer
 from triskele.train.precision import compute_dtype, matmul_dtype
 from triskele.train.run import prepare
 from triskele.train.state import init_state, state_shardings
 from triskele.train.step import batch_shardings_of, make_train_step
+from triskele.train.tools.step_analysis import compile_train_step, measure, model_shape
 
 SHAPES = {
     "tiny": ({"width": 192, "depth": 6, "mlp_dim": 768, "heads": 3, "patch": 8, "image_size": 64, "channels": 3}, 32),

@@ -14,7 +14,7 @@ from triskele.eval.engine import Prediction, iter_predictions, predict_files
 from triskele.eval.model import LiveModel, load_model
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
-from triskele.train.auto_mesh import AUTO
+from triskele.train.auto_mesh import AUTO, resolve_auto_mesh
 from triskele.train.data.bad_records import tolerant
 from triskele.train.domains import get_domain
 from triskele.train.run import evaluate_split, restore_params, restore_run
@@ -43,7 +43,8 @@ def evaluate_checkpoint(
         overrides["deepfake.eval_methods"] = holdout
     if mesh == AUTO:  # the planner's pick for these devices, resolved when the run is prepared
         overrides["mesh"] = AUTO
-    parts, state, step = restore_run(workdir, None if mesh == AUTO else make_mesh(mesh or ""), step, overrides)
+    parts, state, step = restore_run(workdir, None if mesh == AUTO else make_mesh(mesh or ""), step, overrides,
+                                     choose_mesh=resolve_auto_mesh)
     params = state.params
     domain, evaluator = parts.domain, parts.domain.evaluator()
     source = tolerant(domain.open_split(parts.config, split), parts.config.data.bad_records, split)

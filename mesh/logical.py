@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from triskele.mesh.cost import ParamBytes
 
 MeshAxes = str | tuple[str, ...] | None
 
@@ -157,14 +156,3 @@ def bytes_per_device(
         total += math.prod(variable.shape) * jnp.dtype(variable.dtype).itemsize / shards
     return total
 
-
-def param_bytes(state: nnx.State, mesh: Mesh | jax.sharding.AbstractMesh) -> ParamBytes:
-    """A device's share of a model's parameters: the stacked blocks (named `layers`) and the rest."""
-    stacked = lambda names: "layers" in names
-    other = lambda names: "layers" not in names
-    return ParamBytes(
-        blocks=bytes_per_device(state, mesh, where=stacked),
-        other=bytes_per_device(state, mesh, where=other),
-        blocks_fsdp_gathered=bytes_per_device(state, mesh, ("fsdp",), where=stacked),
-        other_fsdp_gathered=bytes_per_device(state, mesh, ("fsdp",), where=other),
-    )

@@ -25,8 +25,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
-from triskele.mesh.cost import schedule_iterations
 from triskele.mesh.logical import UNCONSTRAINED, constrain
+
+
+def schedule_iterations(stages: int, repeats: int, microbatches: int) -> int:
+    """Iterations of the circular pipeline schedule: v * M microbatch passes plus P - 1 to fill it."""
+    return repeats * microbatches + stages - 1
+
+
+def bubble_fraction(stages: int, repeats: int, microbatches: int) -> float:
+    """Idle share of the circular pipeline schedule: (P - 1) / (v * M + P - 1)."""
+    return (stages - 1) / schedule_iterations(stages, repeats, microbatches)
 
 
 def check_schedule(layers: int, stages: int, repeats: int, microbatches: int, batch: int | None = None) -> None:

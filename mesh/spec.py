@@ -12,6 +12,14 @@ from jax.sharding import AxisType, Mesh
 
 MESH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp", "tensor")
 """Mesh axes, outermost first: `tensor` innermost maps to neighbouring devices."""
+AUTO = "auto"
+"""The mesh spec a run leaves to the planner (`--mesh auto`, chosen by `triskele.train.auto_mesh` for
+the job's devices before the mesh is made)."""
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of `n`, ascending: the sizes an axis, a batch split or a head split can take."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import jax
-from triskele.mesh.cost import ModelShape
+from triskele.mesh.shape import ModelShape
 
 Batch = dict[str, jax.Array]
 

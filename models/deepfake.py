@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from triskele.mesh import constrain
-from triskele.mesh.cost import ModelShape
+from triskele.mesh.shape import ModelShape
 from triskele.models.layers import Dense, LayerNorm, normal_param
 from triskele.models.preprocess import normalize
 from triskele.models.vit import ViT, ViTConfig

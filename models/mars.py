@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from triskele.mesh import constrain
-from triskele.mesh.cost import ModelShape
+from triskele.mesh.shape import ModelShape
 from triskele.models.layers import Conv, Dense
 from triskele.models.preprocess import normalize
 from triskele.models.vit import ViT, ViTConfig

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from triskele.mesh import constrain
-from triskele.mesh.cost import ModelShape
 from triskele.mesh.pipeline import circular_pipeline
+from triskele.mesh.shape import ModelShape
 from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, project, zeros_param
 from triskele.models.quantize import check_format
 

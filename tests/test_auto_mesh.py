@@ -4,11 +4,11 @@ import json
 
 from trainutil import small_config
 from triskele.eval.evaluate import evaluate_checkpoint
-from triskele.mesh.hardware import GPUS
-from triskele.mesh.planner import candidates
+from triskele.mesh.perf.hardware import GPUS
+from triskele.mesh.perf.planner import candidates
 from triskele.train import train
 from triskele.train.auto_mesh import resolve_auto_mesh
-from triskele.train.tools.plan import plan_inputs
+from triskele.train.tools.planning import plan_inputs
 
 
 def test_auto_mesh_trains_resumes_and_evaluates(tmp_path, devices, capsys):

@@ -9,8 +9,7 @@ from conftest import assert_trees_close, relative_error
 from flax import nnx
 from trainutil import final_params, mesh_of, run, small_config, step_records
 from triskele.mesh import host_to_global, make_mesh, tree_shardings
-from triskele.mesh.cost import bubble_fraction
-from triskele.mesh.pipeline import check_schedule
+from triskele.mesh.pipeline import bubble_fraction, check_schedule
 from triskele.models import ViT, ViTConfig
 from triskele.train import train
 from triskele.train.cli import main as train_main

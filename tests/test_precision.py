@@ -12,9 +12,9 @@ from conftest import relative_error
 from trainutil import run, step_records
 from triskele.models.fp8 import E4M3_MAX, fp8_dot
 from triskele.train import make_config
-from triskele.train.costs import lower_train_step
 from triskele.train.precision import fp8_note
 from triskele.train.run import prepare
+from triskele.train.tools.step_analysis import lower_train_step
 
 pytestmark = pytest.mark.xdist_group("mars_precision_runs")  # shares a session fixture: one worker runs them
 

@@ -4,11 +4,11 @@ import json
 import math
 
 import pytest
-from triskele.mesh.hardware import A100_EFFICIENCY, GPUS
-from triskele.mesh.megatron import TABLE1, fit_efficiency, replay_gpt3, replay_row, vocab_share
-from triskele.mesh.roofline import roofline
-from triskele.mesh.run_cost import HOURS_PER_YEAR, ownership, run_cost
-from triskele.mesh.transformer import parse_shape
+from triskele.mesh.perf.hardware import A100_EFFICIENCY, GPUS
+from triskele.mesh.perf.published_runs import TABLE1, fit_efficiency, replay_gpt3, replay_row, vocab_share
+from triskele.mesh.perf.roofline import roofline
+from triskele.mesh.perf.run_cost import HOURS_PER_YEAR, ownership, run_cost
+from triskele.mesh.perf.transformer_shape import parse_shape
 from triskele.models import VIT_SIZES
 from triskele.train.tools.plan import main as plan_main
 

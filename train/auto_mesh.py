@@ -1,9 +1,12 @@
 """`--mesh auto`: the planner's pick for the job's own devices, with its reasons.
 
-On GPUs the planner knows (`triskele.mesh.hardware`, from the device kind) the run takes the
+On GPUs the planner knows (`triskele.mesh.perf.hardware`, from the device kind) the run takes the
 planner's best fitting configuration: its mesh, pipeline schedule or gradient accumulation, and
 remat policy. Elsewhere (CPU, an unknown accelerator) it takes the simplest mesh the run's
 validation accepts: as few kinds of parallelism as possible, `data` first.
+
+The run's engine (`triskele.train.run.prepare`) does not import the planner: `train()` and
+`evaluate_checkpoint` hand it `resolve_auto_mesh` for a config whose mesh is `auto`.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from triskele.mesh.hardware import gpu_of_device
-from triskele.mesh.planner import candidates, explain, meshes, parallelism_kinds
-from triskele.mesh.spec import MeshSpec
+from triskele.mesh.perf.hardware import gpu_of_device
+from triskele.mesh.perf.planner import candidates, explain, meshes, parallelism_kinds
+from triskele.mesh.spec import AUTO, MeshSpec
 from triskele.train.config import Config
+from triskele.train.tools.planning import abstract_mesh, apply_pick, pick_flags, plan_inputs
+from triskele.train.validate import validate
 
-AUTO = "auto"
+__all__ = ["AUTO", "resolve_auto_mesh"]
 
 
 def _simplicity(mesh: MeshSpec) -> tuple:
@@ -24,9 +29,6 @@ def _simplicity(mesh: MeshSpec) -> tuple:
 
 
 def _simplest(config: Config, devices: int) -> tuple[Config, list[str]]:
-    from triskele.train.tools.plan import abstract_mesh
-    from triskele.train.validate import validate
-
     refused = []
     for mesh in sorted(meshes(devices), key=_simplicity):
         trial = dataclasses.replace(config, mesh=str(mesh))
@@ -43,8 +45,6 @@ def _simplest(config: Config, devices: int) -> tuple[Config, list[str]]:
 def resolve_auto_mesh(config: Config, devices: list[jax.Device] | None = None) -> tuple[Config, list[str]]:
     """`config` with `mesh` (and, from the planner, the schedule and remat) chosen for `devices`,
     and the lines that say why."""
-    from triskele.train.tools.plan import pick_flags, plan_inputs
-
     devices = list(jax.devices() if devices is None else devices)
     gpu = gpu_of_device(devices[0])
     if gpu is None:
@@ -57,11 +57,7 @@ def resolve_auto_mesh(config: Config, devices: list[jax.Device] | None = None) -
         raise ValueError(f"--mesh auto: nothing fits on {len(devices)} x {gpu.name} at global batch "
                          f"{config.data.global_batch}; lower data.global_batch or add devices")
     best = ranked[0]
-    chosen = dataclasses.replace(
-        config, mesh=str(best.mesh), model=dataclasses.replace(config.model, remat=best.remat),
-        optim=dataclasses.replace(config.optim, grad_accum=best.microbatches if best.mesh.pipeline == 1 else 1),
-        pipeline=dataclasses.replace(config.pipeline, microbatches=best.microbatches, repeats=best.repeats)
-        if best.mesh.pipeline > 1 else config.pipeline)
+    chosen = apply_pick(config, best)
     lines = [f"--mesh auto on {len(devices)} x {gpu.name}: {pick_flags(best)} (predicted {1e3 * best.step_s:.1f} "
              f"ms/step, {best.memory.total / 1e9:.1f} GB per GPU)"]
     return chosen, lines + ["  " + line for line in explain(best, inputs)]

@@ -15,16 +15,17 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
-from triskele.mesh.cost import bubble_fraction, schedule_iterations
+from triskele.mesh.pipeline import bubble_fraction, schedule_iterations
+from triskele.train.auto_mesh import resolve_auto_mesh
 from triskele.train.backbone import vit_config
 from triskele.train.bookkeeping.compile_cache import enable_compilation_cache
 from triskele.train.bookkeeping.lock import WorkdirLock
 from triskele.train.bookkeeping.logs import PendingMetrics, RunLog, Skipped, first_nonfinite
 from triskele.train.bookkeeping.plots import write_plots
 from triskele.train.bookkeeping.profiling import ProfileWindow
+from triskele.train.bookkeeping.throughput import StepThroughput
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import Config
-from triskele.train.costs import StepThroughput
 from triskele.train.data.bad_records import count_bad_records, tolerant
 from triskele.train.data.pipeline import train_batches
 from triskele.train.metrics import MetricsFn, flatten
@@ -98,7 +99,7 @@ def train(
     workdir = Path(workdir or Path("runs") / config.preset).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-        parts = prepare(config, mesh)
+        parts = prepare(config, mesh, resolve_auto_mesh)
         metrics_fn = metrics_fn or parts.domain.metrics
         if jax.process_index() == 0:
             config.save(workdir / "config.json")

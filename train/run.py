@@ -17,7 +17,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 from triskele.mesh import host_to_global, make_mesh, process_rows
-from triskele.train.auto_mesh import AUTO, resolve_auto_mesh
+from triskele.mesh.spec import AUTO
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import CheckpointConfig, Config, config_from_dict
 from triskele.train.data.pipeline import Source, eval_batches
@@ -56,11 +56,20 @@ class RunParts:
         return checkpoints.restore(step, self.abstract_state())
 
 
-def prepare(config: Config, mesh: Mesh | None = None) -> RunParts:
+MeshChooser = Callable[[Config], tuple[Config, list[str]]]
+"""Chooses the mesh (and schedule, remat) for a config whose mesh is `auto`: the config chosen and
+the lines that say why (`triskele.train.auto_mesh.resolve_auto_mesh`)."""
+
+
+def prepare(config: Config, mesh: Mesh | None = None, choose_mesh: MeshChooser | None = None) -> RunParts:
     """Validates `config` against the mesh and lays out (abstractly) everything the step needs.
-    `config.mesh` "auto" is resolved here, for the local devices (and written back into `config`)."""
+    `config.mesh` "auto" is resolved here by `choose_mesh`, for the local devices (and written back
+    into `config`): `train()` and `evaluate_checkpoint` pass the planner's, which the engine does not import."""
     if mesh is None and config.mesh == AUTO:
-        chosen, lines = resolve_auto_mesh(config)
+        if choose_mesh is None:
+            raise ValueError("mesh 'auto' is chosen by the planner: pass choose_mesh=triskele.train.auto_mesh."
+                             "resolve_auto_mesh, or name a mesh (e.g. mesh=data=8)")
+        chosen, lines = choose_mesh(config)
         config.mesh, config.model = chosen.mesh, chosen.model
         config.optim, config.pipeline = chosen.optim, chosen.pipeline
         if jax.process_index() == 0:
@@ -110,7 +119,7 @@ def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, n
 
 
 def _open_run(workdir: str | Path, mesh: Mesh | None, step: int | None, overrides: dict[str, Any] | None,
-              ) -> tuple[RunParts, Checkpoints, int]:
+              choose_mesh: MeshChooser | None = None) -> tuple[RunParts, Checkpoints, int]:
     checkpoint_dir = Path(workdir) / "checkpoints"
     if not checkpoint_dir.is_dir():
         raise ValueError(f"workdir {str(workdir)!r} has no checkpoints/ folder; train there first")
@@ -120,7 +129,7 @@ def _open_run(workdir: str | Path, mesh: Mesh | None, step: int | None, override
         if step is None:
             raise ValueError(f"{checkpoint_dir} holds no checkpoint; train there first")
         config = config_from_dict({**checkpoints.restore_config(step), **(overrides or {})})
-        return prepare(config, mesh), checkpoints, step
+        return prepare(config, mesh, choose_mesh), checkpoints, step
     except BaseException:
         checkpoints.close()
         raise
@@ -131,11 +140,13 @@ def restore_run(
     mesh: Mesh | None = None,
     step: int | None = None,
     overrides: dict[str, Any] | None = None,
+    choose_mesh: MeshChooser | None = None,
 ) -> tuple[RunParts, TrainState, int]:
     """Loads a run's checkpoint (latest, or `step`) onto `mesh` (default: its config's mesh spec).
 
-    `overrides` change the saved config (e.g. `data.path` to evaluate on other data)."""
-    parts, checkpoints, step = _open_run(workdir, mesh, step, overrides)
+    `overrides` change the saved config (e.g. `data.path` to evaluate on other data); `choose_mesh`
+    resolves a mesh `auto` (see `prepare`)."""
+    parts, checkpoints, step = _open_run(workdir, mesh, step, overrides, choose_mesh)
     try:
         state, _ = parts.restore(checkpoints, step)
     finally:
@@ -148,9 +159,10 @@ def restore_params(
     mesh: Mesh | None = None,
     step: int | None = None,
     overrides: dict[str, Any] | None = None,
+    choose_mesh: MeshChooser | None = None,
 ) -> tuple[RunParts, dict, int]:
     """As `restore_run`, but only the parameters: what evaluation and inference need."""
-    parts, checkpoints, step = _open_run(workdir, mesh, step, overrides)
+    parts, checkpoints, step = _open_run(workdir, mesh, step, overrides, choose_mesh)
     try:
         params = checkpoints.restore_params(step, parts.abstract_state().params)
     finally:

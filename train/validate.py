@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from jax.sharding import Mesh
 from triskele.mesh.pipeline import check_schedule
+from triskele.mesh.spec import divisors
 from triskele.train.backbone import vit_config
 from triskele.train.config import Config
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def validate(config: Config, mesh: Mesh) -> None:
@@ -27,7 +24,7 @@ def validate(config: Config, mesh: Mesh) -> None:
         raise ValueError(
             f"optim.grad_accum={accum} splits data.global_batch={batch} into microbatches of {batch / accum:g}, "
             f"which must be divisible by data x fsdp = {batch_shards}; use grad_accum in "
-            f"{[k for k in _divisors(batch) if (batch // k) % batch_shards == 0]}"
+            f"{[k for k in divisors(batch) if (batch // k) % batch_shards == 0]}"
         )
     unit = accum * microbatches * batch_shards
     if batch % unit:
@@ -40,7 +37,7 @@ def validate(config: Config, mesh: Mesh) -> None:
     if vit.heads % shape["tensor"]:
         raise ValueError(
             f"model.size={config.model.size!r} has {vit.heads} heads, not divisible by mesh tensor={shape['tensor']}; "
-            f"use tensor in {_divisors(vit.heads)}"
+            f"use tensor in {divisors(vit.heads)}"
         )
     if stages > 1:
         check_schedule(vit.depth, stages, config.pipeline.repeats, microbatches)

@@ -1,5 +1,6 @@
 """`python -m triskele.train plan`: the mesh planner for a preset or any transformer shape on N
-GPUs, the cost of a run, and the inference roofline (predictions only).
+GPUs, the cost of a run, and the inference roofline (predictions only). Argument parsing and
+printing: the inputs and picks are `triskele.train.tools.planning`'s, the ranking the planner's.
 
     python -m triskele.train plan --preset mars-l16 --devices 64 --gpu h200 --global-batch 1024 \
         [--nodes 8] [--nvlink-domain 8] [--nvlink-gbps G] [--network-gbps G] [--set KEY=VALUE ...] \
@@ -18,96 +19,24 @@ import json
 import sys
 from pathlib import Path
 
-import jax
-from flax import nnx
-from jax.sharding import AbstractMesh
-from triskele.mesh.cost import ModelShape
-from triskele.mesh.hardware import GPUS, Gpu, get_gpu
-from triskele.mesh.logical import param_bytes
-from triskele.mesh.planner import SCHEDULES, PlanInputs, candidates, explain, scaling
-from triskele.mesh.roofline import FORMAT_BYTES, roofline
-from triskele.mesh.run_cost import ownership, run_cost
-from triskele.mesh.spec import MESH_AXES, MeshSpec
-from triskele.mesh.transformer import block_params, parse_shape
-from triskele.mesh.transformer import param_bytes as shape_param_bytes
-from triskele.mesh.transformer import validator as shape_validator
-from triskele.train.config import PRESETS, Config, make_config
-from triskele.train.domains import get_domain
-from triskele.train.validate import validate
+from triskele.mesh.perf.hardware import GPUS, Gpu, get_gpu
+from triskele.mesh.perf.planner import SCHEDULES, PlanInputs, candidates, explain, scaling
+from triskele.mesh.perf.roofline import FORMAT_BYTES, roofline
+from triskele.mesh.perf.run_cost import ownership, run_cost
+from triskele.mesh.perf.transformer_shape import parse_shape
+from triskele.mesh.shape import ModelShape
+from triskele.mesh.spec import MESH_AXES
+from triskele.train.config import PRESETS, make_config
+from triskele.train.tools.planning import (
+    AbstractModel,
+    abstract_model,
+    parameter_count,
+    pick_flags,
+    plan_inputs,
+    shape_inputs,
+)
 
 SCALING_DEVICES = [8, 16, 32, 64, 128, 256, 512, 1024]
-
-
-def abstract_mesh(mesh: MeshSpec) -> AbstractMesh:
-    return AbstractMesh(tuple(getattr(mesh, a) for a in MESH_AXES), MESH_AXES)
-
-
-def _cluster(gpu: Gpu | str, devices: int, nodes: int | None) -> tuple[Gpu, int]:
-    gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    if devices < 1:
-        raise ValueError(f"--devices must be at least 1, got {devices}")
-    nodes = nodes or max(1, devices // gpu.gpus_per_node)
-    if devices % nodes:
-        raise ValueError(f"--devices {devices} is not divisible by --nodes {nodes}; use a node count that divides it")
-    return gpu, nodes
-
-
-def plan_inputs(config: Config, gpu_name: Gpu | str, devices: int, nodes: int | None = None,
-                nvlink_domain: int | None = None, efficiency: float | None = None,
-                memory_gb: float | None = None, **options) -> PlanInputs:
-    """The planner's inputs for a config: its model's sizes and parameter layout, its validation.
-    `options`: further `PlanInputs` fields (axes, schedule, ...)."""
-    gpu, nodes = _cluster(gpu_name, devices, nodes)
-    domain = get_domain(config.domain)
-    model = nnx.eval_shape(lambda: domain.build_model(config, nnx.Rngs(params=0), 1))
-    params = nnx.state(model, nnx.Param)
-    layouts: dict[MeshSpec, object] = {}
-
-    def bytes_on(mesh: MeshSpec):
-        if mesh not in layouts:
-            layouts[mesh] = param_bytes(params, abstract_mesh(mesh))
-        return layouts[mesh]
-
-    def check(mesh: MeshSpec, microbatches: int, repeats: int) -> str | None:
-        if mesh.pipeline > 1:
-            trial = dataclasses.replace(config, pipeline=dataclasses.replace(
-                config.pipeline, microbatches=microbatches, repeats=repeats), mesh=str(mesh))
-        else:
-            trial = dataclasses.replace(config, optim=dataclasses.replace(config.optim, grad_accum=microbatches),
-                                        mesh=str(mesh))
-        try:
-            validate(trial, abstract_mesh(mesh))
-        except ValueError as err:
-            return str(err)
-        return None
-
-    compute = {"float32": "float32", "fp8": "fp8"}.get(config.precision, "bfloat16")
-    return PlanInputs(shape=model.cost_shape(), global_batch=config.data.global_batch, gpu=gpu, devices=devices,
-                      nodes=nodes, nvlink_domain=nvlink_domain or devices // nodes, compute=compute,
-                      efficiency=gpu.efficiency if efficiency is None else efficiency, param_bytes=bytes_on,
-                      validate=check, memory_bytes=memory_gb * 1e9 if memory_gb else None, **options)
-
-
-def shape_inputs(shape: ModelShape, global_batch: int, gpu_name: Gpu | str, devices: int, nodes: int | None = None,
-                 nvlink_domain: int | None = None, efficiency: float | None = None, memory_gb: float | None = None,
-                 bytes_per_param: float = 4.0, **options) -> PlanInputs:
-    """The planner's inputs for a transformer known by its sizes (`--shape`)."""
-    gpu, nodes = _cluster(gpu_name, devices, nodes)
-    return PlanInputs(shape=shape, global_batch=global_batch, gpu=gpu, devices=devices, nodes=nodes,
-                      nvlink_domain=nvlink_domain or devices // nodes,
-                      efficiency=gpu.efficiency if efficiency is None else efficiency,
-                      param_bytes=shape_param_bytes(shape, bytes_per_param),
-                      validate=shape_validator(shape, global_batch),
-                      memory_bytes=memory_gb * 1e9 if memory_gb else None, **options)
-
-
-def parameter_count(config: Config | None, shape: ModelShape) -> float:
-    """Weights of the preset's model, or of a transformer known by its sizes."""
-    if config is None:
-        split, whole = block_params(shape)
-        return shape.depth * (split + whole) + shape.vocab * shape.width + shape.tokens * shape.width
-    model = nnx.eval_shape(lambda: get_domain(config.domain).build_model(config, nnx.Rngs(params=0), 1))
-    return float(sum(leaf.size for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))))
 
 
 def print_rows(rows: list[dict], columns: list[str]) -> None:
@@ -156,6 +85,12 @@ def plot_scaling(rows: list[dict], path: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m triskele.train plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_plan_flags(parser)
+    return parser
+
+
+def add_plan_flags(parser: argparse.ArgumentParser) -> None:
+    """The `plan` command's flags, added to `parser`."""
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--preset", choices=sorted(PRESETS), metavar="NAME", help="a preset's model")
     model.add_argument("--shape", metavar="SIZES",
@@ -193,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--inference", action="store_true", help="images/s per GPU: compute vs HBM bound")
     infer.add_argument("--batch", type=int, default=1, help="images per forward (1)")
     infer.add_argument("--format", default="bfloat16", help=f"weights: {', '.join(FORMAT_BYTES)}")
-    return parser
 
 
 def _train_images(args: argparse.Namespace) -> float:
@@ -218,9 +152,9 @@ def _with_cost(rows: list[dict], args: argparse.Namespace, gpu: Gpu, batch: int,
     return rows
 
 
-def _inference(args: argparse.Namespace, config: Config | None, shape: ModelShape) -> int:
+def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: ModelShape) -> int:
     gpus = [get_gpu(args.gpu)] if args.gpu else list(GPUS.values())
-    weights = parameter_count(config, shape)
+    weights = parameter_count(model, shape)
     rows = [dataclasses.asdict(roofline(shape, weights, g.with_links(args.nvlink_gbps, args.network_gbps),
                                         args.format, args.batch, args.efficiency)) for g in gpus]
     name = args.preset or args.shape
@@ -235,26 +169,26 @@ def _inference(args: argparse.Namespace, config: Config | None, shape: ModelShap
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
+def run_plan(args: argparse.Namespace) -> int:
+    """Runs a parsed `plan` command line: prints the ranking (or scaling, or roofline); a ValueError
+    says what to change."""
     if args.efficiency is not None and not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency must be in (0, 1], got {args.efficiency}")
-    config = None
+    config = model = None
     if args.preset:
         overrides = list(args.set) + ([f"data.global_batch={args.global_batch}"] if args.global_batch else [])
         config = make_config(args.preset, overrides)
         batch = config.data.global_batch
-        shape = None
+        model = abstract_model(config)  # once: every device count below plans the same model
+        shape = model.shape
     else:
         shape = parse_shape(args.shape)
         batch = args.global_batch
     if args.inference:
-        if shape is None:
-            model = nnx.eval_shape(lambda: get_domain(config.domain).build_model(config, nnx.Rngs(params=0), 1))
-            shape = model.cost_shape()
-        return _inference(args, config, shape)
+        return _inference(args, model, shape)
     if not args.gpu:
         raise ValueError(f"--gpu is required; one of {', '.join(GPUS)}")
-    if shape is not None and not batch:
+    if config is None and not batch:
         raise ValueError("--shape needs --global-batch")
     axes = tuple(a.strip() for a in args.axes.split(",")) if args.axes else MESH_AXES
     unknown = [a for a in axes if a not in MESH_AXES]
@@ -264,11 +198,11 @@ def run(args: argparse.Namespace) -> int:
     options = {"axes": axes, "schedule": args.schedule}
 
     def make(devices: int, nodes: int | None) -> PlanInputs:
-        if shape is not None:
+        if config is None:
             return shape_inputs(shape, batch, gpu, devices, nodes, args.nvlink_domain, args.efficiency,
                                 args.gpu_memory_gb, **options)
         return plan_inputs(config, gpu, devices, nodes, args.nvlink_domain, args.efficiency, args.gpu_memory_gb,
-                           **options)
+                           model=model, **options)
 
     name = args.preset or args.shape
     output = Path(args.output or ".")
@@ -322,20 +256,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def pick_flags(best) -> str:
-    """The training flags that apply a candidate: its mesh, schedule or accumulation, remat."""
-    flags = f"--mesh {best.mesh}"
-    if best.mesh.pipeline > 1:
-        flags += f" --set pipeline.microbatches={best.microbatches} --set pipeline.repeats={best.repeats}"
-    elif best.microbatches > 1:
-        flags += f" --set optim.grad_accum={best.microbatches}"
-    return flags + f" --set model.remat={best.remat}"
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return run(args)
+        return run_plan(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
-"""A run's step, predicted and compiled: the analytic formulas of `triskele.mesh.cost` applied to
-the run's model and mesh, and what XLA compiled for the same step (HLO FLOPs, collective bytes,
-memory), side by side. The log's MFU, the benches and the planner's tests all come through here."""
+"""A run's train step analysed: the performance model's formulas (`triskele.mesh.perf.formulas`)
+applied to a run's RunParts (`predict`), and the same step lowered, compiled and measured beside
+them (`compile_train_step`, `measure`: HLO FLOPs, collective bytes, memory). The loop's MFU meter
+(`triskele.train.bookkeeping.throughput`), the benches and the planner's tests come through here."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
-from triskele.mesh.cost import ModelShape, ParamBytes, step_collectives, step_memory, train_flops
-from triskele.mesh.hardware import peak_flops
-from triskele.mesh.hlo import ProgramCost, program_cost
-from triskele.mesh.logical import param_bytes
+from triskele.mesh.perf.formulas import ParamBytes, step_collectives, step_memory, train_flops
+from triskele.mesh.perf.hlo_counts import ProgramCost, program_cost
+from triskele.mesh.perf.sharded_params import param_bytes
+from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MeshSpec
-from triskele.train.precision import compute_dtype, matmul_dtype
+from triskele.train.precision import activation_bytes
 from triskele.train.run import RunParts
 from triskele.train.step import batch_shardings_of, make_train_step
 
@@ -29,10 +30,6 @@ def model_shape(parts: RunParts) -> ModelShape:
 
 def abstract_params(parts: RunParts) -> nnx.State:
     return nnx.state(nnx.eval_shape(parts.build_model), nnx.Param)
-
-
-def activation_bytes(config) -> int:
-    return np.dtype(compute_dtype(config.precision)).itemsize
 
 
 @dataclasses.dataclass
@@ -55,7 +52,7 @@ def predict(parts: RunParts, mesh: Mesh | jax.sharding.AbstractMesh | None = Non
     flops = train_flops(shape, config.data.global_batch)
     pipeline = config.pipeline
     params = param_bytes(abstract_params(parts), mesh)
-    act = activation_bytes(config)
+    act = activation_bytes(config.precision)
     collectives = step_collectives(shape, sizes, config.data.global_batch, params, act,
                                    pipeline.microbatches, pipeline.repeats, config.model.remat)
     memory = step_memory(shape, sizes, config.data.global_batch, params, act, config.model.remat)
@@ -121,34 +118,3 @@ def measure(compiled, mesh: Mesh) -> Measurement:
     memory = {name.removesuffix("_size_in_bytes"): float(getattr(analysis, name, 0) or 0) for name in fields}
     return Measurement(program_cost(compiled.as_text(), mesh.size), memory)
 
-
-class StepThroughput:
-    """The run's compiled step and what its speed means: model FLOPs per device per step (the
-    analytic formula, which counts no rematerialisation and no pipeline bubble: the FLOPs MFU
-    divides by peak), the FLOPs the compiled program runs (from its HLO, loops counted in full),
-    and the device's peak for the run's compute dtype where the table knows it."""
-
-    def __init__(self, parts: RunParts):
-        self.parts = parts
-        self.model_flops = predict(parts).model_flops_per_device
-        self.peak = peak_flops(jax.devices()[0], matmul_dtype(parts.config.precision))
-        self.hlo_flops: float | None = None
-        self.compile_seconds: float | None = None
-
-    def compile(self, batch: dict[str, jax.Array]):
-        """The train step compiled ahead of time for the run's state layout and this batch."""
-        compiled, self.compile_seconds = compile_train_step(self.parts, batch)
-        self.hlo_flops = program_cost(compiled.as_text(), self.parts.mesh.size).flops
-        return compiled
-
-    def describe(self) -> str:
-        kind = jax.devices()[0].device_kind
-        peak = f"peak {self.peak / 1e12:.0f} TFLOP/s" if self.peak else f"peak unknown for {kind}: no MFU"
-        return (f"step: compiled in {self.compile_seconds:.1f} s; model FLOPs per device per step "
-                f"{self.model_flops:.4g} (analytic formula), compiled program {self.hlo_flops:.4g} (HLO, with "
-                f"rematerialisation and pipeline bubble); {peak}")
-
-    def record(self, step_seconds: float) -> dict[str, float]:
-        """`tflops_per_device` (achieved model TFLOP/s) and `mfu` (where the peak is known)."""
-        achieved = self.model_flops / step_seconds
-        return {"tflops_per_device": achieved / 1e12, **({"mfu": achieved / self.peak} if self.peak else {})}

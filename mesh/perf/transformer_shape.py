@@ -1,12 +1,14 @@
-"""A transformer known only by its sizes (`width=W,depth=L,heads=H,mlp=M,tokens=S[,vocab=V]`): its
-cost shape and a device's share of its parameters on a mesh, for planning models that are not
-built here (a published run, a model too large to trace)."""
+"""The planner's transformer shape: a transformer known only by its sizes
+(`width=W,depth=L,heads=H,mlp=M,tokens=S[,vocab=V]`), its cost shape and a device's share of its
+parameters on a mesh, for planning models that are not built here (a published run, a model too
+large to trace)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from triskele.mesh.cost import ModelShape, ParamBytes
+from triskele.mesh.perf.formulas import ParamBytes
+from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MeshSpec
 
 SHAPE_KEYS = ("width", "depth", "heads", "mlp", "tokens", "vocab")

@@ -1,5 +1,5 @@
-"""Peak dense matmul rates, memory bandwidth, interconnects, power and rental prices of the GPUs
-the planner knows.
+"""The hardware table: peak dense matmul rates, memory bandwidth, interconnects, power and rental
+prices of the GPUs the planner knows, and the entry of a JAX device.
 
 Dense (no 2:4 sparsity) tensor-core figures per GPU, SXM parts:
 - A100 SXM 80 GB: NVIDIA A100 Tensor Core GPU datasheet (BF16 312, TF32 156, INT8 624 TFLOPS

@@ -2,7 +2,7 @@
 
 time(batch) = max(FLOPs / (the format's peak x efficiency), bytes / HBM bandwidth), with
 bytes = weights in the format (read once per batch) + activations (written and read by every
-layer, per image: `triskele.mesh.cost.activation_traffic_bytes`). Small batches are bound by
+layer, per image: `triskele.mesh.perf.formulas.activation_traffic_bytes`). Small batches are bound by
 reading the weights, so bandwidth (H200's 4.8 TB/s against H100's 3.35) buys throughput there and
 with quantized weights; large batches are bound by compute, which the two share.
 """
@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from triskele.mesh.cost import ModelShape, activation_traffic_bytes, forward_flops
-from triskele.mesh.hardware import Gpu
+from triskele.mesh.perf.formulas import activation_traffic_bytes, forward_flops
+from triskele.mesh.perf.hardware import Gpu
+from triskele.mesh.shape import ModelShape
 
 FORMAT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5 + 1 / 32}
 """Bytes per weight; fp4 carries one 8-bit scale per 32 weights (as NVFP4/MXFP4 blocks do)."""

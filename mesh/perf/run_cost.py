@@ -2,7 +2,7 @@
 GPU-hour or on owned servers (depreciation, power, cooling), and the utilisation above which owning
 is cheaper.
 
-Defaults, with their sources (per GPU type, see also `triskele.mesh.hardware` for rental prices and
+Defaults, with their sources (per GPU type, see also `triskele.mesh.perf.hardware` for rental prices and
 board power):
 - server price per 8-GPU server: DGX A100 199,000 USD (NVIDIA's launch price, May 2020); DGX H100
   about 270,000 USD (2023 estimate); DGX B200 515,000 USD (launch price quoted on
@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from triskele.mesh.hardware import Gpu
+from triskele.mesh.perf.hardware import Gpu
 
 HOURS_PER_YEAR = 8766.0
 GPUS_PER_SERVER = 8

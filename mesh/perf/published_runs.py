@@ -1,4 +1,5 @@
-"""Megatron-LM's published runs replayed through the planner.
+"""Published training runs replayed through the planner: Megatron-LM's (read by bench/published.py
+and the tests, never by a run).
 
 Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM" (SC21): GPT models on Selene (DGX A100 80 GB, 8 x 200 Gb/s HDR InfiniBand per node,
@@ -19,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from triskele.mesh.cost import train_flops
-from triskele.mesh.hardware import get_gpu
-from triskele.mesh.planner import Candidate, PlanInputs, best_for_mesh, candidates
+from triskele.mesh.perf.formulas import train_flops
+from triskele.mesh.perf.hardware import get_gpu
+from triskele.mesh.perf.planner import Candidate, PlanInputs, best_for_mesh, candidates
+from triskele.mesh.perf.transformer_shape import param_bytes, parse_shape, validator
 from triskele.mesh.spec import MESH_AXES, MeshSpec
-from triskele.mesh.transformer import param_bytes, parse_shape, validator
 
 SEQUENCE, VOCAB = 2048, 51200
 NETWORK_GBPS = 25.0

@@ -1,7 +1,8 @@
-"""Analytic costs of one training step of a ViT-based model on a mesh: FLOPs, collective bytes, memory.
+"""The performance model's formulas: analytic costs of one training step of a ViT-based model on a
+mesh (FLOPs, collective bytes, memory) and the forward's HBM traffic.
 
 Sizes in, numbers out. The same formulas feed the mesh planner and the log's MFU, and the benches
-and tests hold them against what XLA compiled (`triskele.mesh.hlo`, `memory_analysis()`).
+and tests hold them against what XLA compiled (`triskele.mesh.perf.hlo_counts`, `memory_analysis()`).
 Conventions: a multiply-add is 2 FLOPs; training costs the forward once and the backward twice,
 except where no input gradient is needed (the patch embedding, convolutions on raw pixels).
 Bytes are per device and per step; collectives move bytes by the ring algorithm.
@@ -11,50 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from triskele.mesh.pipeline import schedule_iterations
+from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MeshSpec
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelShape:
-    """What the cost of a ViT-based model depends on."""
-
-    width: int
-    depth: int
-    mlp_dim: int
-    heads: int
-    patches: int
-    """Patch tokens per image."""
-    patch_dim: int
-    """Pixels x channels per patch."""
-    class_token: bool = True
-    images_per_record: int = 1
-    """Frames per record (video models run the backbone on each)."""
-    head_flops: float = 0.0
-    """Forward FLOPs per record of the domain head's layers that every tensor device runs whole."""
-    head_split_flops: float = 0.0
-    """Forward FLOPs per record of the domain head's layers split over `tensor` (e.g. by `mlp`)."""
-    head_flops_without_input_grad: float = 0.0
-    """The part of `head_flops` whose input needs no gradient (layers on raw pixels)."""
-    head_split_inputs: int = 0
-    """Elements per record entering the head's tensor-split layers (their gradient is all-reduced)."""
-    head_split_outputs: int = 0
-    """Elements per record leaving them (all-gathered for the layers that run whole)."""
-    vocab: int = 0
-    """A language model's vocabulary (its output layer is in `head_split_flops`); 0 for vision."""
-
-    @property
-    def tokens(self) -> int:
-        return self.patches + int(self.class_token)
-
-
-def schedule_iterations(stages: int, repeats: int, microbatches: int) -> int:
-    """Iterations of the circular pipeline schedule: v * M microbatch passes plus P - 1 to fill it."""
-    return repeats * microbatches + stages - 1
-
-
-def bubble_fraction(stages: int, repeats: int, microbatches: int) -> float:
-    """Idle share of the circular pipeline schedule: (P - 1) / (v * M + P - 1)."""
-    return (stages - 1) / schedule_iterations(stages, repeats, microbatches)
 
 
 def block_forward_flops(shape: ModelShape) -> float:

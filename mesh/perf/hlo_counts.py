@@ -1,4 +1,5 @@
-"""What a compiled (SPMD-partitioned, per-device) XLA program does: matmul FLOPs and collective bytes.
+"""HLO counting: what a compiled (SPMD-partitioned, per-device) XLA program does, read from its
+optimized HLO text: matmul FLOPs and collective bytes.
 
 XLA's own `cost_analysis()` counts the body of a while loop once, whatever its trip count; our
 stacked layers run in a `scan` (a while loop), so it misses (depth - 1) of every layer. This reads

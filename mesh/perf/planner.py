@@ -2,7 +2,7 @@
 
 For every way of splitting the devices over the allowed axes that the run's validation accepts,
 and for every pipeline schedule (or gradient accumulation) and remat policy worth trying, it
-predicts with `triskele.mesh.cost`: memory per device, compute time (FLOPs the device executes /
+predicts with `triskele.mesh.perf.formulas`: memory per device, compute time (FLOPs the device executes /
 (peak x efficiency)), communication time (bytes / bandwidth of the link each axis crosses: NVLink
 inside a domain, the network across domains, plus NCCL's per-hop latency for every collective)
 and the pipeline bubble. Step time = compute + tensor and pipeline communication (on the critical
@@ -20,18 +20,18 @@ import itertools
 import math
 from collections.abc import Callable
 
-from triskele.mesh.cost import (
-    ModelShape,
+from triskele.mesh.perf.formulas import (
     ParamBytes,
     StepMemory,
     activation_traffic_bytes,
-    bubble_fraction,
     step_collectives,
     step_memory,
     train_flops,
 )
-from triskele.mesh.hardware import Gpu
-from triskele.mesh.spec import MESH_AXES, MeshSpec
+from triskele.mesh.perf.hardware import Gpu
+from triskele.mesh.pipeline import bubble_fraction
+from triskele.mesh.shape import ModelShape
+from triskele.mesh.spec import MESH_AXES, MeshSpec, divisors
 
 REMAT_ORDER = ("none", "dots", "full")
 BACKWARD_SHARE = 2 / 3
@@ -127,10 +127,6 @@ class Candidate:
                 "compute_ms": 1e3 * self.compute_s, "comm_ms": 1e3 * sum(self.comm_s.values()),
                 "exposed_comm_ms": 1e3 * self.exposed_comm_s, "bubble": self.bubble, "step_ms": 1e3 * self.step_s,
                 "images_per_s": self.images_per_s, "mfu": self.mfu}
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def meshes(devices: int, axes: tuple[str, ...] = MESH_AXES) -> list[MeshSpec]:
