@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 from common import mesh_bench_main
+from triskele.train.auto_mesh import resolve_auto_mesh
 from triskele.train.config import make_config
 from triskele.train.run import prepare
 from triskele.train.tools.step_analysis import compile_train_step, measure, predict
@@ -37,7 +38,7 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "al
 
 
 def measure_mesh(preset: str, overrides: list[str], spec: str) -> list[dict]:
-    parts = prepare(make_config(preset, [*overrides, f"mesh={spec}"]))
+    parts = prepare(make_config(preset, [*overrides, f"mesh={spec}"]), choose_mesh=resolve_auto_mesh)
     compiled, _ = compile_train_step(parts)
     measured = measure(compiled, parts.mesh).program
     analytic = predict(parts).collectives

@@ -14,13 +14,14 @@ from __future__ import annotations
 import sys
 
 from common import mesh_bench_main
+from triskele.train.auto_mesh import resolve_auto_mesh
 from triskele.train.config import make_config
 from triskele.train.run import prepare
 from triskele.train.tools.step_analysis import compile_train_step, example_batch, measure, predict, state_bytes
 
 
 def measure_mesh(preset: str, overrides: list[str], spec: str) -> dict:
-    parts = prepare(make_config(preset, [*overrides, f"mesh={spec}"]))
+    parts = prepare(make_config(preset, [*overrides, f"mesh={spec}"]), choose_mesh=resolve_auto_mesh)
     batch = example_batch(parts)
     compiled, _ = compile_train_step(parts, batch)
     measured = measure(compiled, parts.mesh)

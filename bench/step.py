@@ -28,6 +28,7 @@ from triskele.mesh.perf.formulas import train_flops
 from triskele.mesh.perf.hardware import peak_flops
 from triskele.mesh.spec import MeshSpec
 from triskele.models.vit import ViTClassifier, ViTConfig
+from triskele.train.auto_mesh import resolve_auto_mesh
 from triskele.train.config import OptimConfig, make_config
 from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.optim import make_optimizer
@@ -48,7 +49,7 @@ CLASSES = 10
 def preset_bench(args) -> dict:
     overrides = list(args.set) + ([f"mesh={args.mesh}"] if args.mesh else [])
     config = make_config(args.preset, overrides)
-    parts = prepare(config)
+    parts = prepare(config, choose_mesh=resolve_auto_mesh)
     mesh, batch_size = parts.mesh, config.data.global_batch
     source = parts.domain.open_split(config, "train")
     batch = host_to_global(TrainStepLoader(source, batch_size, 0, process_rows(mesh, batch_size))(0), mesh, batch_size)

@@ -1,7 +1,8 @@
-"""WHERE arrays live: mesh specs, logical -> mesh axis rules, global batches.
+"""WHERE arrays live: mesh specs, logical -> mesh axis rules, global batches, the pipeline schedule.
 
 Names load on first use, so a module that needs only the jax-free parts (`triskele.mesh.chunks`,
-used by serving processes) does not import Flax.
+used by serving processes) does not import Flax. The performance model is `triskele.mesh.perf`
+(formulas, HLO counts, hardware, planner, ...): nothing here imports it.
 """
 
 import importlib
