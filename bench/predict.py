@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 from common import machine, print_table, write_json
 from PIL import Image
+from triskele.eval.domains import inference_of
 from triskele.eval.engine import predict_files
-from triskele.eval.evaluate import PredictOptions
 from triskele.eval.model import load_model
 from triskele.eval.quantize import quantize_checkpoint
 from triskele.train import make_config, train
@@ -85,7 +85,7 @@ def forward_only(model, records: np.ndarray, repeats: int = 5) -> float:
 
 def row(root: Path, preset: str, fmt: str, batch: int, inputs_per_batch: int) -> dict:
     model = load_model(checkpoint(root, preset, fmt), batch=batch)
-    io = get_domain(model.meta["domain"]).evaluator().predict_io(model.meta, PredictOptions())
+    io = inference_of(get_domain(model.meta["domain"])).predict_io(model.meta, {}, None)
     records = batch * inputs_per_batch
     inputs = root / "inputs" / f"{preset}-{records}"
     write_inputs(inputs, model.meta, records)

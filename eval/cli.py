@@ -1,16 +1,17 @@
-"""`python -m triskele.eval` (evaluate a checkpoint) and its commands: predict, gallery, quantize,
-export (a jax.export serving artifact) and export-weights (the backbone as timm safetensors)."""
+"""`python -m triskele.eval` (evaluate a checkpoint) and its commands: predict, quantize, export (a
+jax.export serving artifact), export-weights (the backbone as timm safetensors), and each domain's
+own (merch's gallery). Domains add their evaluate and predict flags from their specs."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Callable
 from typing import Any
 
 import jax
 from triskele.eval.model import INFERENCE_BATCH_PER_DEVICE
+from triskele.train.commands import Command, Runner, add_domain_flags, run_command_line
+from triskele.train.domains import domains
 
 
 def _common(parser: argparse.ArgumentParser, workdir_required: bool = True) -> None:
@@ -23,13 +24,14 @@ def _common(parser: argparse.ArgumentParser, workdir_required: bool = True) -> N
 def _evaluate(parser):
     parser.add_argument("--data", help="on-disk dataset (default: the run's own data)")
     parser.add_argument("--split", default="test", help="split to evaluate (default test)")
-    parser.add_argument("--holdout", metavar="METHOD",
-                        help="deepfake: evaluate only this manipulation method's fakes (with all reals)")
+    flags = {name: domain.evaluate_flags for name, domain in domains().items()}
+    add_domain_flags(parser, flags)
 
     def run(a):
         from triskele.eval.evaluate import evaluate_checkpoint
 
-        return evaluate_checkpoint(a.workdir, a.mesh, a.data, a.split, a.step, a.holdout)
+        options = {flag.dest: getattr(a, flag.dest) for domain_flags in flags.values() for flag in domain_flags}
+        return evaluate_checkpoint(a.workdir, a.mesh, a.data, a.split, a.step, **options)
 
     return run
 
@@ -39,28 +41,27 @@ def _predict(parser):
                         help="a folder (searched recursively), a glob in quotes, or a .txt file of paths")
     parser.add_argument("--output", required=True, help="folder for the predictions")
     parser.add_argument("--exported", metavar="FILE", help="use this exported model instead of a checkpoint "
-                                                           "(merch: --workdir still finds the gallery)")
+                                                           "(--workdir still finds what its run keeps beside the "
+                                                           "model, e.g. a gallery index)")
     parser.add_argument("--batch", type=int, help=f"records per batch (default {INFERENCE_BATCH_PER_DEVICE} per "
                                                   "device on data x fsdp)")
     parser.add_argument("--workers", type=int, default=0, help="input worker processes (default 0: threads)")
     parser.add_argument("--threads", type=int, default=4, help="input threads when --workers is 0 (default 4)")
     parser.add_argument("--prefetch", type=int, default=8, help="inputs read ahead of the model (default 8)")
     parser.add_argument("--overwrite", action="store_true", help="predict inputs whose outputs exist again")
-    parser.add_argument("--stride", type=int, help="mars: sliding-window stride in pixels (default 2/3 window)")
-    parser.add_argument("--tta", choices=["flip"], help="mars: average with the mirrored pass")
-    parser.add_argument("--overlay", action="store_true", help="mars: also write NAME.overlay.png")
-    parser.add_argument("--save-faces", metavar="DIR", help="deepfake: keep the face crops found in videos here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    flags = {name: domain.predict_flags for name, domain in domains().items()}
+    add_domain_flags(parser, flags)
     _distributed(parser)
 
     def run(a):
         from triskele.eval.evaluate import predict
 
         _start_distributed(a)
+        options = {flag.dest: getattr(a, flag.dest) for domain_flags in flags.values() for flag in domain_flags}
         summary = predict(a.workdir, a.input, a.output, a.mesh, a.step, a.exported, batch=a.batch,
                           overwrite=a.overwrite, workers=a.workers, threads=a.threads, prefetch=a.prefetch,
-                          progress=not a.no_progress, stride=a.stride, tta=a.tta, overlay=a.overlay,
-                          save_faces=a.save_faces)
+                          progress=not a.no_progress, **options)
         return summary, 1 if summary["unreadable"] else 0
 
     return run
@@ -78,17 +79,6 @@ def _start_distributed(args) -> None:
 
     initialize(DistributedOptions(coordinator=args.coordinator, num_processes=args.num_processes,
                                   process_id=args.process_id))
-
-
-def _gallery(parser):
-    parser.add_argument("--input", required=True, help="folder of <sku>/ folders of reference images")
-
-    def run(a):
-        from triskele.eval.evaluate import build_gallery
-
-        return build_gallery(a.workdir, a.input, a.mesh, a.step)
-
-    return run
 
 
 def _quantize(parser):
@@ -128,34 +118,48 @@ def _export_weights(parser):
     return run
 
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Callable[[Any], Any]]]] = {
-    "predict": ("Predict every image of a folder with a checkpoint or an exported model.", _predict),
-    "gallery": ("merch: embed reference images into WORKDIR/gallery/index.npz.", _gallery),
-    "quantize": ("Write a weight-quantized copy of a checkpoint for inference.", _quantize),
-    "export": ("Serialise the inference function with jax.export (weights included) for serving.", _export),
-    "export-weights": ("Write the trained backbone as a timm safetensors file.", _export_weights),
+SHARED = {
+    "predict": Command("Predict every image of a folder with a checkpoint or an exported model.", _predict),
+    "quantize": Command("Write a weight-quantized copy of a checkpoint for inference.", _quantize),
+    "export": Command("Serialise the inference function with jax.export (weights included) for serving.", _export),
+    "export-weights": Command("Write the trained backbone as a timm safetensors file.", _export_weights),
 }
 
 
+def _printing(command: Command, workdir_required: bool = True) -> Command:
+    """The command with the common flags, its result printed as JSON by process 0."""
+
+    def build(parser: argparse.ArgumentParser) -> Runner:
+        _common(parser, workdir_required)
+        run = command.build(parser)
+
+        def printed(args: argparse.Namespace) -> int:
+            result = run(args)
+            result, code = result if isinstance(result, tuple) else (result, 0)
+            if jax.process_index() == 0:
+                print(json.dumps(result, indent=2))
+            return code
+
+        return printed
+
+    return Command(command.summary, build)
+
+
+def commands() -> dict[str, Command]:
+    """The shared commands and every domain's own."""
+    from triskele.eval.domains import inference_of
+
+    table: dict[str, Any] = dict(SHARED)
+    for domain in domains().values():
+        for name, command in inference_of(domain).COMMANDS.items():
+            if name in table:
+                raise ValueError(f"domain {domain.name!r} declares eval command {name!r}, which exists already")
+            table[name] = command
+    return {name: _printing(command, workdir_required=name != "predict") for name, command in table.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[0] if argv[:1] and argv[0] in COMMANDS else None
-    description, build = COMMANDS[command] if command else (
-        "Evaluate a checkpoint; writes WORKDIR/eval/<step>/. Commands: " + ", ".join(COMMANDS), _evaluate)
-    parser = argparse.ArgumentParser(prog="python -m triskele.eval" + (f" {command}" if command else ""),
-                                     description=description)
-    _common(parser, workdir_required=command != "predict")
-    run = build(parser)
-    args = parser.parse_args(argv[1:] if command else argv)
-    try:
-        result = run(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ConnectionError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    result, code = result if isinstance(result, tuple) else (result, 0)
-    if jax.process_index() == 0:
-        print(json.dumps(result, indent=2))
-    return code
+    table = commands()
+    default = _printing(Command("Evaluate a checkpoint; writes WORKDIR/eval/<step>/. Commands: " + ", ".join(table),
+                                _evaluate))
+    return run_command_line("python -m triskele.eval", table, default, argv, {ValueError: 2, ConnectionError: 3})

@@ -1,23 +1,23 @@
-"""Evaluate a checkpoint on any mesh and write DIR/eval/<step>/report.json with plots; predict
-with the streaming engine; merch's gallery index."""
+"""Evaluate a checkpoint on any mesh and write DIR/eval/<step>/report.json with its domain's
+artifacts; predict with the streaming engine."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
+from triskele.eval.domains import inference_of
 from triskele.eval.engine import Prediction, iter_predictions, predict_files
-from triskele.eval.model import LiveModel, load_model
+from triskele.eval.model import load_model
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
 from triskele.train.auto_mesh import AUTO, resolve_auto_mesh
 from triskele.train.data.bad_records import tolerant
-from triskele.train.domains import get_domain
-from triskele.train.run import evaluate_split, restore_params, restore_run
+from triskele.train.domains import domains, get_domain
+from triskele.train.run import restore_run
 
 
 def evaluate_checkpoint(
@@ -26,7 +26,7 @@ def evaluate_checkpoint(
     data: str | None = None,
     split: str = "test",
     step: int | None = None,
-    holdout: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Restores the latest (or `step`) checkpoint of `workdir` onto `mesh` (default: all local
     devices on `data`; `auto`: the planner's pick), evaluates `split` of its data (or of `data`),
@@ -34,21 +34,19 @@ def evaluate_checkpoint(
     The whole state is read, so that a damaged checkpoint is reported even where its parameters
     alone would still read.
 
-    `holdout` (deepfake) evaluates only the fakes of that manipulation method, plus all reals."""
+    `options`: the run's domain's evaluate flags by name (e.g. deepfake's `holdout="Sharpen"`
+    evaluates only that method's fakes, plus all reals); each sets the config key its flag names."""
     workdir = Path(workdir)
-    overrides = {}
-    if data:
-        overrides["data.path"] = data
-    if holdout:
-        overrides["deepfake.eval_methods"] = holdout
+    overrides = {"data.path": data} if data else {}
     if mesh == AUTO:  # the planner's pick for these devices, resolved when the run is prepared
         overrides["mesh"] = AUTO
-    parts, state, step = restore_run(workdir, None if mesh == AUTO else make_mesh(mesh or ""), step, overrides,
-                                     choose_mesh=resolve_auto_mesh)
+    given = {name: value for name, value in options.items() if value is not None}
+    parts, state, step = restore_run(workdir, None if mesh == AUTO else make_mesh(mesh or ""), step,
+                                     {**overrides, **_flag_overrides(given)}, choose_mesh=resolve_auto_mesh)
     params = state.params
-    domain, evaluator = parts.domain, parts.domain.evaluator()
-    source = tolerant(domain.open_split(parts.config, split), parts.config.data.bad_records, split)
-    totals = evaluate_split(parts, params, source)
+    evaluator = parts.domain.evaluator(parts, True)
+    source = tolerant(parts.domain.open_split(parts.config, split), parts.config.data.bad_records, split)
+    totals = evaluator.accumulate(params, source)
     out_dir = workdir / "eval" / str(step)
     report = {
         "domain": parts.config.domain,
@@ -57,35 +55,44 @@ def evaluate_checkpoint(
         "records": len(source),
         "records_unreadable": int(totals.get("unreadable", 0)),
         "data": parts.config.data.path or "synthetic",
-        **({"holdout": holdout} if holdout else {}),
+        **given,
         "mesh": {k: int(v) for k, v in parts.mesh.shape.items()},
         "format": parts.config.model.quantization or "float32",
         "weight_bytes": weight_bytes(params),
-        "metrics": domain.metrics(totals),
-        **(evaluator.report_fields(parts, params, source) if hasattr(evaluator, "report_fields") else {}),
+        "metrics": evaluator.metrics(totals),
+        **evaluator.report(totals),
     }
     if jax.process_index() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        report["files"] = evaluator.write_artifacts(parts, params, source, totals, out_dir)
+        report["files"] = evaluator.write_artifacts(params, source, totals, out_dir)
         (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     report["report"] = str(out_dir / "report.json")
     return report
 
 
-@dataclasses.dataclass
-class PredictOptions:
-    """What predict may be asked besides its inputs (each domain uses what applies to it)."""
+def _flag_overrides(given: dict[str, Any]) -> dict[str, Any]:
+    """The config keys the given evaluate flags set (one of another domain's is refused when the
+    config applies it, naming the domain)."""
+    keys = {flag.dest: flag.key for domain in domains().values() for flag in domain.evaluate_flags}
+    unknown = sorted(set(given) - set(keys))
+    if unknown:
+        raise ValueError(f"evaluate has no option {unknown[0]!r}; the domains' evaluate options are "
+                         f"{', '.join(sorted(keys)) or 'none'}")
+    return {keys[name]: value for name, value in given.items()}
 
-    stride: int | None = None
-    """mars: the sliding windows' stride in pixels (default about 2/3 of the window)."""
-    tta: str | None = None
-    """mars: 'flip' averages the probabilities of the mirrored pass."""
-    overlay: bool = False
-    """mars: also write a colour overlay of the classes over each image."""
-    save_faces: Path | None = None
-    """deepfake: keep the face crops found in video files here (<video>/<frame>.png)."""
-    workdir: Path | None = None
-    """Where the run keeps what prediction may use beside the model (merch's gallery index)."""
+
+def _predict_io(model: Any, workdir: str | Path | None, options: dict[str, Any]) -> Any:
+    """The model's domain's reader and writer with the predict options given (by flag dest); an
+    option that is not the model's domain's is refused, naming whose it is."""
+    domain = get_domain(model.meta["domain"])
+    own = {flag.dest for flag in domain.predict_flags}
+    given = {name: value for name, value in options.items() if value is not None and value is not False}
+    for name in sorted(set(given) - own):
+        owners = [d.name for d in domains().values() if name in {f.dest for f in d.predict_flags}]
+        whose = f"an option of {', '.join(owners)}" if owners else "no domain's option"
+        mine = ", ".join(sorted(own)) or "none"
+        raise ValueError(f"predict option {name!r} is {whose}; this model is {domain.name} (its options: {mine})")
+    return inference_of(domain).predict_io(model.meta, given, Path(workdir) if workdir else None)
 
 
 def predict(workdir: str | Path | None, input_spec: str | Path, output_dir: str | Path, mesh: str | None = None,
@@ -94,12 +101,11 @@ def predict(workdir: str | Path | None, input_spec: str | Path, output_dir: str 
             **options: Any) -> dict[str, Any]:
     """Predicts the inputs of `input_spec` (a folder, searched recursively; a glob; or a text file
     of paths) into `output_dir` with a checkpoint of `workdir` or an `exported` model, through the
-    streaming engine; returns the summary. `options`: fields of `PredictOptions`."""
+    streaming engine; returns the summary. `options`: the model's domain's predict flags by name
+    (e.g. mars' `stride=43, tta="flip", overlay=True`)."""
     model = load_model(workdir, exported, mesh, step, batch)
-    predict_options = PredictOptions(**options, workdir=Path(workdir) if workdir else None)
-    io = get_domain(model.meta["domain"]).evaluator().predict_io(model.meta, predict_options)
-    return predict_files(model, io, input_spec, output_dir, overwrite=overwrite, threads=threads,
-                         prefetch=prefetch, workers=workers, progress=progress)
+    return predict_files(model, _predict_io(model, workdir, options), input_spec, output_dir, overwrite=overwrite,
+                         threads=threads, prefetch=prefetch, workers=workers, progress=progress)
 
 
 def predict_iter(workdir: str | Path | None, input_spec: str | Path, mesh: str | None = None,
@@ -108,15 +114,4 @@ def predict_iter(workdir: str | Path | None, input_spec: str | Path, mesh: str |
     """For notebooks: each input's model outputs as they come (`Prediction(unit, outputs, context,
     error)`), through the same engine as `predict`, nothing written."""
     model = load_model(workdir, exported, mesh, step, batch)
-    io = get_domain(model.meta["domain"]).evaluator().predict_io(
-        model.meta, PredictOptions(**options, workdir=Path(workdir) if workdir else None))
-    return iter_predictions(model, io, input_spec)
-
-
-def build_gallery(workdir: str | Path, input_dir: str | Path, mesh: str | None = None,
-                  step: int | None = None) -> dict[str, Any]:
-    """merch: embeds a folder of reference images (`<sku>/*.jpg`) into WORKDIR/gallery/index.npz."""
-    parts, params, _ = restore_params(Path(workdir), make_mesh(mesh or ""), step)
-    if parts.config.domain != "merch":
-        raise ValueError(f"a gallery index is for merch runs; {workdir} trained {parts.config.domain!r}")
-    return parts.domain.evaluator().build_gallery(LiveModel(parts, params), Path(input_dir), Path(workdir))
+    return iter_predictions(model, _predict_io(model, workdir, options), input_spec)

@@ -1,5 +1,6 @@
-"""What a domain model provides to the rest of triskele: the training step, evaluation, serving and
-the cost formulas. Every domain's model (`models/<domain>.py`) satisfies `DomainModel`."""
+"""What a domain model provides to the rest of triskele: the training step, serving and the cost
+formulas. Every domain's model (`models/<domain>.py`) satisfies `DomainModel`; one evaluated over
+fixed-size records also `RecordStats`."""
 
 from __future__ import annotations
 
@@ -21,15 +22,21 @@ class DomainModel(Protocol):
         divides the global sums, so the loss is the same on any mesh and any grad_accum."""
         ...
 
-    def eval_stats(self, batch: Batch) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-        """(sums over the batch, per-record values): evaluation adds the sums over every batch and
-        concatenates the per-record values in record order; the domain's metrics read both."""
-        ...
-
     def serve(self, images: jax.Array) -> dict[str, jax.Array]:
         """What inference returns for [0, 1] pixels, by output name (what predict and export use)."""
         ...
 
     def cost_shape(self) -> ModelShape:
         """The model's sizes for the analytic FLOP, memory and communication formulas."""
+        ...
+
+
+@runtime_checkable
+class RecordStats(Protocol):
+    """A model that `triskele.train.evaluation.BatchEvaluator` evaluates over fixed-size records
+    (deepfake, merch; mars evaluates whole frames by sliding windows instead)."""
+
+    def eval_stats(self, batch: Batch) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+        """(sums over the batch, per-record values): evaluation adds the sums over every batch and
+        concatenates the per-record values in record order; the domain's metrics read both."""
         ...

@@ -86,15 +86,6 @@ class TerrainSegmenter(nnx.Module):
         nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), safe[..., None], axis=-1)[..., 0]
         return jnp.sum(nll * weight), jnp.sum(weight)
 
-    def eval_stats(self, batch: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-        """(sums, per-record values) of a batch: the confusion matrix (rows truth, columns prediction)."""
-        logits = self(batch["image"])
-        label = batch["label"].astype(jnp.int32)
-        weight = (label != IGNORE_LABEL).astype(jnp.float32) * batch["valid"][:, None, None]
-        truth = jax.nn.one_hot(label, NUM_CLASSES) * weight[..., None]
-        pred = jax.nn.one_hot(jnp.argmax(logits, -1), NUM_CLASSES)
-        return {"confusion": jnp.einsum("bhwt,bhwp->tp", truth, pred)}, {}
-
     def serve(self, images: jax.Array) -> dict[str, jax.Array]:
         """What inference returns: per-pixel class logits and probabilities (B, H, W, 4); sliding-window
         inference averages the logits of overlapping windows."""

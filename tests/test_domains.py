@@ -22,6 +22,7 @@ from triskele.train.cli import main as train_main
 from triskele.train.config import config_from_dict
 from triskele.train.data.images import read_image
 from triskele.train.domains import Domain, domains, get_domain, register, unregister
+from triskele.train.evaluation import BatchEvaluator
 
 # --- a toy fourth domain: dark or bright? -----------------------------------------------------
 
@@ -52,10 +53,6 @@ class Patches:
         return {"image": image.astype(np.float32), "label": np.int32(level > 0.5)}
 
 
-def write_artifacts(parts, params, source, totals, out_dir):
-    return []
-
-
 class BrightnessIO:
     """Each image one record; predictions.csv with its class."""
 
@@ -82,8 +79,11 @@ class BrightnessIO:
         return ["predictions.csv"]
 
 
-def predict_io(meta, options):
+def predict_io(meta, options, workdir):
     return BrightnessIO(meta)
+
+
+COMMANDS = {}
 
 
 @pytest.fixture
@@ -101,8 +101,8 @@ def brightness_domain():
         open_split=lambda config, split: Patches(split, config.data.train_size if split == "train"
                                                  else config.data.eval_size, config.model.image_size),
         class_names=lambda config: ["dark", "bright"],
-        metrics=lambda totals: {"accuracy": float(totals["correct"] / totals["count"])},
-        metric_names=("accuracy",), evaluation=sys.modules[__name__],
+        evaluator=BatchEvaluator.factory(lambda totals: {"accuracy": float(totals["correct"] / totals["count"])}),
+        metric_names=("accuracy",), inference=sys.modules[__name__],
     ))
     yield domain
     unregister("brightness")

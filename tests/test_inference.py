@@ -115,9 +115,8 @@ def test_inputs_from_a_glob_and_a_list_of_paths(mars_run, tmp_path):
 
 def _io(model):
     from triskele.eval.domains.mars import predict_io
-    from triskele.eval.evaluate import PredictOptions
 
-    return predict_io(model.meta, PredictOptions())
+    return predict_io(model.meta, {})
 
 
 # --- streaming, resume, bad inputs ------------------------------------------------------------------

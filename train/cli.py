@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import jax
 from triskele.train.checkpoint import CheckpointSaveError
+from triskele.train.commands import Command, run_command_line
 from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
+from triskele.train.tools.plan import PLAN
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m triskele.train",
-        description="Train a triskele preset. With no arguments: mars-tiny on synthetic data, local devices. "
-                    "`python -m triskele.train plan --help`: the mesh planner; "
-                    "`python -m triskele.train prepare deepfake --help`: face crops from videos.",
-    )
+def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), metavar="NAME",
                         help=f"named preset (default {DEFAULT_PRESET}); one of {', '.join(PRESETS)}")
     parser.add_argument("--mesh", help="mesh spec, e.g. data=2,fsdp=2,tensor=2, or auto (the planner's pick for "
@@ -64,41 +61,27 @@ def config_from_args(args: argparse.Namespace):
 
 def print_config(args: argparse.Namespace) -> int:
     """What a run of these flags resolves before it builds a mesh (the mesh spec stays as given), as YAML."""
-    try:
-        config = config_from_args(args)
-        from triskele.train.domains import class_names, get_domain
-        from triskele.train.pretrained import resolve_norm_eps
+    from triskele.train.pretrained import resolve_norm_eps
+    from triskele.train.run import resolve_from_data
 
-        resolve_norm_eps(config)
-        domain = get_domain(config.domain)
-        if domain.resolve is not None:
-            domain.resolve(config)
-        config.model.class_names = class_names(config)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
+    resolve_norm_eps(config)
+    resolve_from_data(config)
     print(config.to_yaml(), end="")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["plan"]:
-        from triskele.train.tools.plan import main as plan_main
+def _train(parser: argparse.ArgumentParser, argv: list[str]):
+    """Training; `argv`, the command line itself, is what the local launcher starts copies of."""
+    add_train_flags(parser)
 
-        return plan_main(argv[1:])
-    if argv[:1] == ["prepare"]:
-        from triskele.train.domains.deepfake.prepare import main as prepare_main
+    def run(args: argparse.Namespace) -> int:
+        if args.print_config:
+            return print_config(args)
+        if args.local_processes:
+            from triskele.train.tools.launch import launch_local
 
-        return prepare_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    if args.print_config:
-        return print_config(args)
-    if args.local_processes:
-        from triskele.train.tools.launch import launch_local
-
-        return launch_local(argv, args.local_processes, args.devices_per_process)
-    try:
+            return launch_local(argv, args.local_processes, args.devices_per_process)
         config = config_from_args(args)
         from triskele.mesh.distributed import DistributedOptions, initialize
 
@@ -111,20 +94,44 @@ def main(argv: list[str] | None = None) -> int:
 
         summary = train(config, workdir=args.workdir, progress=not args.no_progress,
                         stop_after_step=args.stop_after_step)
-    except ConnectionError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (FloatingPointError, CheckpointSaveError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    if jax.process_index() != 0:
+        if jax.process_index() != 0:
+            return 0
+        print(f"{summary.stopped_by}: step {summary.final_step} of {config.run.steps}, last loss {summary.last_loss}")
+        if summary.eval_metrics:
+            print("eval: " + ", ".join(f"{k}={v:.4f}" for k, v in summary.eval_metrics.items()))
+        print(f"checkpoints: {summary.checkpoint_dir}")
+        print(f"metrics:     {summary.metrics_file}")
         return 0
-    print(f"{summary.stopped_by}: step {summary.final_step} of {config.run.steps}, last loss {summary.last_loss}")
-    if summary.eval_metrics:
-        print("eval: " + ", ".join(f"{k}={v:.4f}" for k, v in summary.eval_metrics.items()))
-    print(f"checkpoints: {summary.checkpoint_dir}")
-    print(f"metrics:     {summary.metrics_file}")
-    return 0
+
+    return run
+
+
+def _prepare(parser: argparse.ArgumentParser):
+    """`prepare <domain> ...`: each domain that declares a prepare command, as a sub-command."""
+    from triskele.train.domains import domains
+
+    runners = {}
+    choices = parser.add_subparsers(dest="domain", required=True, metavar="DOMAIN")
+    for name, domain in domains().items():
+        if domain.prepare is not None:
+            summary = domain.prepare.summary
+            sub = choices.add_parser(name, help=summary.splitlines()[0], description=summary,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+            runners[name] = domain.prepare.build(sub)
+    return lambda args: runners[args.domain](args)
+
+
+COMMANDS = {
+    "plan": PLAN,
+    "prepare": Command("Turn a domain's raw data into the layout it trains on (e.g. face crops from videos).",
+                       _prepare),
+}
+SUMMARY = (f"Train a triskele preset. With no arguments: {DEFAULT_PRESET} on synthetic data, local devices. "
+           "Commands: `plan` (the mesh planner), `prepare DOMAIN` (raw data into a domain's layout); each with --help.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    train = Command(SUMMARY, functools.partial(_train, argv=argv))
+    return run_command_line("python -m triskele.train", COMMANDS, train, argv,
+                            {ConnectionError: 3, ValueError: 2, FloatingPointError: 1, CheckpointSaveError: 1})

@@ -28,10 +28,10 @@ from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import Config
 from triskele.train.data.bad_records import count_bad_records, tolerant
 from triskele.train.data.pipeline import train_batches
-from triskele.train.metrics import MetricsFn, flatten
+from triskele.train.evaluation import scalar_metrics
 from triskele.train.precision import fp8_note
 from triskele.train.pretrained import load_pretrained, resolve_norm_eps
-from triskele.train.run import RunParts, evaluate_split, prepare
+from triskele.train.run import RunParts, prepare
 from triskele.train.state import TrainState
 
 
@@ -71,25 +71,19 @@ class _SigtermFlag:
             signal.signal(signal.SIGTERM, self._previous)
 
 
-def _scalar_metrics(totals: dict[str, np.ndarray], metrics_fn: MetricsFn) -> dict[str, float]:
-    """eval_loss and the domain's metrics, nested ones flattened ('iou/sand')."""
-    return {"eval_loss": float(totals["loss_sum"] / max(float(totals["weight"]), 1.0)), **flatten(metrics_fn(totals))}
-
-
 def train(
     config: Config,
     workdir: str | Path | None = None,
-    metrics_fn: MetricsFn | None = None,
     progress: bool = True,
     mesh: Mesh | None = None,
     stop_after_step: int | None = None,
 ) -> TrainSummary:
     """Trains `config` in `workdir` (default runs/<preset>), resuming from its latest checkpoint.
 
-    `metrics_fn` turns each evaluation's statistics into metrics (default: the domain's, e.g. mars
-    mIoU, deepfake AUC, merch top-1); `mesh` replaces the one `config.mesh`
-    describes (e.g. a subset of devices); `stop_after_step` stops and checkpoints at that global
-    step as a preemption would, so that a later call resumes the same trajectory.
+    Evaluations report the domain's metrics (its spec's evaluator: e.g. mars mIoU, deepfake AUC,
+    merch top-1); `mesh` replaces the one `config.mesh` describes (e.g. a subset of devices);
+    `stop_after_step` stops and checkpoints at that global step as a preemption would, so that a
+    later call resumes the same trajectory.
     """
     if config.model.quantization is not None:
         raise ValueError(f"this config has model.quantization={config.model.quantization!r}: a quantized checkpoint "
@@ -100,13 +94,12 @@ def train(
     workdir.mkdir(parents=True, exist_ok=True)
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
         parts = prepare(config, mesh, resolve_auto_mesh)
-        metrics_fn = metrics_fn or parts.domain.metrics
         if jax.process_index() == 0:
             config.save(workdir / "config.json")
         checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
         log = RunLog(workdir)
         try:
-            return _train(parts, workdir, checkpoints, log, metrics_fn, progress, stop_after_step)
+            return _train(parts, workdir, checkpoints, log, progress, stop_after_step)
         finally:
             try:
                 checkpoints.close()
@@ -146,10 +139,10 @@ class _Events:
     itself only steps and decides which events are due."""
 
     def __init__(self, parts: RunParts, workdir: Path, checkpoints: Checkpoints, log: RunLog,
-                 metrics_fn: MetricsFn, summary: TrainSummary):
+                 summary: TrainSummary):
         config = parts.config
-        self.parts, self.checkpoints, self.log, self.metrics_fn, self.summary = (
-            parts, checkpoints, log, metrics_fn, summary)
+        self.parts, self.checkpoints, self.log, self.summary = parts, checkpoints, log, summary
+        self.evaluator = parts.domain.evaluator(parts, False)
         self.config_dict = config.to_dict()
         self.bad_records = workdir / "bad_records.txt"
         self.eval_source = tolerant(parts.domain.open_split(config, config.data.eval_split), config.data.bad_records,
@@ -204,8 +197,8 @@ class _Events:
     def evaluate(self, done: int, state: TrainState) -> dict[str, float]:
         """The evaluation split's metrics, logged and plotted."""
         config = self.parts.config
-        totals = evaluate_split(self.parts, state.params, self.eval_source)
-        metrics = _scalar_metrics(totals, self.metrics_fn)
+        totals = self.evaluator.accumulate(state.params, self.eval_source)
+        metrics = scalar_metrics(self.evaluator, totals)
         if config.data.bad_records == "skip":
             metrics["bad_records"] = count_bad_records(self.bad_records, "train")
             metrics["eval_unreadable"] = int(totals.get("unreadable", 0))
@@ -225,7 +218,6 @@ def _train(
     workdir: Path,
     checkpoints: Checkpoints,
     log: RunLog,
-    metrics_fn: MetricsFn,
     progress: bool,
     stop_after_step: int | None,
 ) -> TrainSummary:
@@ -245,7 +237,7 @@ def _train(
     if first >= total:
         return summary
 
-    events = _Events(parts, workdir, checkpoints, log, metrics_fn, summary)
+    events = _Events(parts, workdir, checkpoints, log, summary)
     train_source = tolerant(parts.domain.open_split(config, "train"), config.data.bad_records, "train",
                             events.bad_records)
     batches = train_batches(

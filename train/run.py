@@ -16,11 +16,11 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh
-from triskele.mesh import host_to_global, make_mesh, process_rows
+from triskele.mesh import make_mesh
 from triskele.mesh.spec import AUTO
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import CheckpointConfig, Config, config_from_dict
-from triskele.train.data.pipeline import Source, eval_batches
+from triskele.train.data.pipeline import Source
 from triskele.train.domains import Domain, class_names, get_domain
 from triskele.train.optim import make_optimizer
 from triskele.train.state import TrainState, abstract_model, abstract_state, init_state, state_shardings
@@ -61,6 +61,16 @@ MeshChooser = Callable[[Config], tuple[Config, list[str]]]
 the lines that say why (`triskele.train.auto_mesh.resolve_auto_mesh`)."""
 
 
+def resolve_from_data(config: Config) -> Domain:
+    """Fills what a run takes from its data when it starts, saved with it so that inference never
+    reads the training data: the domain's data-dependent options and the model's class names."""
+    domain = get_domain(config.domain)
+    if domain.resolve is not None:
+        domain.resolve(config)
+    config.model.class_names = class_names(config)
+    return domain
+
+
 def prepare(config: Config, mesh: Mesh | None = None, choose_mesh: MeshChooser | None = None) -> RunParts:
     """Validates `config` against the mesh and lays out (abstractly) everything the step needs.
     `config.mesh` "auto" is resolved here by `choose_mesh`, for the local devices (and written back
@@ -76,10 +86,7 @@ def prepare(config: Config, mesh: Mesh | None = None, choose_mesh: MeshChooser |
             print("\n".join(lines), flush=True)
     mesh = make_mesh(config.mesh, dcn=config.dcn) if mesh is None else mesh
     validate(config, mesh)
-    domain = get_domain(config.domain)
-    if domain.resolve is not None:
-        domain.resolve(config)
-    config.model.class_names = class_names(config)
+    domain = resolve_from_data(config)
     seed = config.run.seed
 
     def build_model() -> nnx.Module:
@@ -94,28 +101,8 @@ def prepare(config: Config, mesh: Mesh | None = None, choose_mesh: MeshChooser |
 
 
 def evaluate_split(parts: RunParts, params: dict, source: Source) -> dict[str, np.ndarray]:
-    """Every record of `source` exactly once (padding masked out): the eval step's sums added up,
-    and its per-record values concatenated in record order, padding rows dropped (or the domain's
-    own evaluation, where its spec has one)."""
-    if parts.domain.evaluate is not None:
-        return parts.domain.evaluate(parts, params, source)
-    batch_size = parts.config.data.global_batch
-    eval_step = parts.eval_step
-    rows = process_rows(parts.mesh, batch_size)
-    totals: dict[str, np.ndarray] = {}
-    records: dict[str, list[np.ndarray]] = {}
-    with jax.set_mesh(parts.mesh):
-        for local in eval_batches(source, batch_size, rows):
-            sums, per_record = jax.device_get(eval_step(params, host_to_global(local, parts.mesh, batch_size)))
-            for key, value in sums.items():
-                totals[key] = totals.get(key, 0) + np.asarray(value, np.float64)
-            keep = np.asarray(per_record.pop("valid")) > 0
-            for key, value in per_record.items():
-                records.setdefault(key, []).append(np.asarray(value)[keep])
-    unreadable = {"unreadable": len(source.bad)} if hasattr(source, "bad") else {}
-    names = getattr(source, "family_names", None)
-    families = {"family_names": np.array(names)} if names is not None else {}
-    return {**totals, **unreadable, **families, **{key: np.concatenate(parts_) for key, parts_ in records.items()}}
+    """The totals of every record of `source` exactly once, by the domain's evaluator."""
+    return parts.domain.evaluator(parts, False).accumulate(params, source)
 
 
 def _open_run(workdir: str | Path, mesh: Mesh | None, step: int | None, overrides: dict[str, Any] | None,

@@ -1,5 +1,5 @@
-"""Deepfake evaluation artifacts (the ROC plot) and per-video predictions; the metrics (as
-DeepfakeBench computes them) are `triskele.train.domains.deepfake.metrics`."""
+"""Deepfake predictions: per-video scores of video files or folders of face crops; the evaluation
+(metrics as DeepfakeBench computes them, ROC plot) is `triskele.train.domains.deepfake.evaluator`."""
 
 from __future__ import annotations
 
@@ -9,61 +9,9 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from sklearn import metrics as skm
 
-
-def plot_roc(labels: np.ndarray, scores: np.ndarray, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fpr, tpr, _ = skm.roc_curve(np.asarray(labels).astype(int), scores, pos_label=1)
-    fig, ax = plt.subplots(figsize=(4, 4))
-    ax.plot(fpr, tpr, label=f"AUC {skm.auc(fpr, tpr):.3f}")
-    ax.plot([0, 1], [0, 1], "k--", linewidth=0.8)
-    ax.set_xlabel("false positive rate (real called fake)")
-    ax.set_ylabel("true positive rate (fake caught)")
-    ax.set_title(title)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_families(aucs: dict[str, float], path: Path) -> None:
-    """The cross-manipulation table as bars: frame and video AUC per family."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    families = [key.split("/", 1)[1] for key in aucs if key.startswith("auc_frame/")]
-    x = np.arange(len(families))
-    fig, ax = plt.subplots(figsize=(1.2 * len(families) + 2, 3.5))
-    for offset, level in ((-0.2, "frame"), (0.2, "video")):
-        values = [aucs[f"auc_{level}/{f}"] for f in families]
-        bars = ax.bar(x + offset, values, width=0.4, label=f"{level} AUC")
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.axhline(0.5, color="k", linestyle="--", linewidth=0.8)
-    ax.set_xticks(x, families)
-    ax.set_ylim(0, 1.08)
-    ax.set_ylabel("AUC (family's fakes vs all reals)")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def write_artifacts(parts, params, source, totals, out_dir: Path) -> list[str]:
-    from triskele.train.domains.deepfake.metrics import family_aucs
-
-    plot_roc(totals["label"], totals["score"], out_dir / "roc.png", "frame-level ROC")
-    aucs = family_aucs(totals)
-    if not aucs:
-        return ["roc.png"]
-    plot_families(aucs, out_dir / "families.png")
-    return ["roc.png", "families.png"]
+COMMANDS: dict = {}
+"""Deepfake has no eval commands of its own (its `prepare` is a training command)."""
 
 
 @dataclasses.dataclass
@@ -177,5 +125,6 @@ class DeepfakeIO:
         return written
 
 
-def predict_io(meta: dict[str, Any], options) -> DeepfakeIO:
-    return DeepfakeIO(meta, options.save_faces)
+def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> DeepfakeIO:
+    """`options`: the deepfake predict flags given (`save_faces`)."""
+    return DeepfakeIO(meta, **options)

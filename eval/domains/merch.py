@@ -1,18 +1,16 @@
-"""Merchandising: shelf compliance reports, the gallery index, predictions; the metrics are
-`triskele.train.domains.merch.metrics`."""
+"""Merchandising: shelf compliance reports, the gallery index (the `gallery` command), predictions;
+the evaluation is the model's over the split, its metrics `triskele.train.domains.merch.metrics`."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from triskele.train.commands import Command
 from triskele.train.domains.merch.data import EMPTY
-
-
-def write_artifacts(parts, params, source, totals, out_dir: Path) -> list[str]:
-    return []
 
 
 def compliance_report(planogram: np.ndarray, predicted: np.ndarray) -> dict[str, Any]:
@@ -151,5 +149,25 @@ class MerchIO:
         return ["predictions.csv"]
 
 
-def predict_io(meta: dict[str, Any], options) -> MerchIO:
-    return MerchIO(meta, options.workdir)
+def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> MerchIO:
+    """`workdir`: the run's folder, where the gallery index is kept (merch has no predict flags)."""
+    return MerchIO(meta, workdir)
+
+
+def _gallery_command(parser: argparse.ArgumentParser):
+    parser.add_argument("--input", required=True, help="folder of <sku>/ folders of reference images")
+
+    def run(args: argparse.Namespace) -> Any:
+        from triskele.eval.model import LiveModel
+        from triskele.mesh import make_mesh
+        from triskele.train.run import restore_params
+
+        parts, params, _ = restore_params(Path(args.workdir), make_mesh(args.mesh or ""), args.step)
+        if parts.config.domain != "merch":
+            raise ValueError(f"a gallery index is for merch runs; {args.workdir} trained {parts.config.domain!r}")
+        return build_gallery(LiveModel(parts, params), Path(args.input), Path(args.workdir))
+
+    return run
+
+
+COMMANDS = {"gallery": Command("merch: embed reference images into WORKDIR/gallery/index.npz.", _gallery_command)}

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from flax import nnx
 from triskele.models.contract import DomainModel
+from triskele.train.commands import Command, Flag
 from triskele.train.data.pipeline import Source
-from triskele.train.metrics import MetricsFn
+from triskele.train.evaluation import EvaluatorFactory
 
 if TYPE_CHECKING:
     from triskele.train.config import Config
@@ -41,23 +42,26 @@ class Domain:
     class_names: Callable[[Config], list[str]]
     """The model's output classes, read from the training data once when a run starts and then saved
     in its config as `model.class_names`: evaluation and prediction never read the training data."""
-    metrics: MetricsFn
-    """An evaluation's summed and per-record statistics -> the domain's metrics (nested dicts allowed)."""
+    evaluator: EvaluatorFactory
+    """(run parts, for_report) -> the domain's evaluator (`triskele.train.evaluation.Evaluator`), used
+    by evaluation during training and (for_report True) by `evaluate_checkpoint` for its report."""
     metric_names: tuple[str, ...]
-    """The flattened names `metrics` returns (what `checkpoint.best_metric` may name)."""
-    evaluation: str | Any
-    """The module (or its import name) that writes evaluation artifacts and says how to predict:
-    `write_artifacts(parts, params, source, totals, out_dir) -> [file names]` and
-    `predict_io(meta, options) -> triskele.eval.engine.PredictIO`."""
+    """The flattened names its evaluator's metrics return (what `checkpoint.best_metric` may name)."""
+    inference: str | ModuleType
+    """The module (or its import name) of the domain's predict reader and writer and its own eval
+    commands: `triskele.eval.domains.DomainInference` (`predict_io(meta, options, workdir)`, `COMMANDS`)."""
     resolve: Callable[[Config], None] | None = None
     """Fills the options that depend on the data (e.g. mars' frame scale) once, when a run starts;
     they are saved with the run, so inference never looks at the training data."""
-    evaluate: Callable[[Any, Any, Source], dict[str, Any]] | None = None
-    """(run parts, params, split) -> the summed statistics, for a domain whose evaluation is not the
-    model's `eval_stats` over fixed-size records (mars: sliding windows over whole frames)."""
+    evaluate_flags: tuple[Flag, ...] = ()
+    """Flags `python -m triskele.eval` adds for this domain; each sets a config key of the evaluation."""
+    predict_flags: tuple[Flag, ...] = ()
+    """Flags `python -m triskele.eval predict` adds for this domain, handed to its `predict_io` as options."""
+    prepare: Command | None = None
+    """`python -m triskele.train prepare <domain>`: raw data into the layout the domain reads."""
 
-    def evaluator(self) -> ModuleType | Any:
-        return importlib.import_module(self.evaluation) if isinstance(self.evaluation, str) else self.evaluation
+    def inference_module(self) -> ModuleType | Any:
+        return importlib.import_module(self.inference) if isinstance(self.inference, str) else self.inference
 
 
 _REGISTRY: dict[str, Domain] = {}
@@ -80,7 +84,7 @@ def domains() -> dict[str, Domain]:
     for module in BUILTIN:
         if module not in _REGISTRY:
             importlib.import_module(f"{__name__}.{module}")
-    return dict(_REGISTRY)
+    return {**{name: _REGISTRY[name] for name in BUILTIN}, **_REGISTRY}
 
 
 def get_domain(name: str) -> Domain:

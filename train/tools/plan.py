@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from triskele.mesh.perf.hardware import GPUS, Gpu, get_gpu
@@ -26,6 +25,7 @@ from triskele.mesh.perf.run_cost import ownership, run_cost
 from triskele.mesh.perf.transformer_shape import parse_shape
 from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MESH_AXES
+from triskele.train.commands import Command, run_command_line
 from triskele.train.config import PRESETS, make_config
 from triskele.train.tools.planning import (
     AbstractModel,
@@ -80,13 +80,6 @@ def plot_scaling(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m triskele.train plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_plan_flags(parser)
-    return parser
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -256,14 +249,14 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(parser: argparse.ArgumentParser):
+    add_plan_flags(parser)
+    return run_plan
+
+
+PLAN = Command(__doc__, _plan)
+
+
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return run_plan(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    """`python -m triskele.train plan ARGS`, as the training command line runs it."""
+    return run_command_line("python -m triskele.train plan", {}, PLAN, argv, {ValueError: 2})

@@ -8,10 +8,13 @@ import jax
 from flax import nnx
 from triskele.models.deepfake import FrameDetector, VideoDetector
 from triskele.train.backbone import vit_config
+from triskele.train.commands import Flag
 from triskele.train.data.pipeline import Source
 from triskele.train.domains import Domain, register
-from triskele.train.domains.deepfake import metrics as deepfake_metrics
 from triskele.train.domains.deepfake.data import FAMILIES, FaceFrames, SyntheticFaces
+from triskele.train.domains.deepfake.evaluator import DeepfakeEvaluator
+from triskele.train.domains.deepfake.metrics import NAMES
+from triskele.train.domains.deepfake.prepare import PREPARE
 from triskele.train.domains.deepfake.sbi import SelfBlendedFaces, pool_without
 
 
@@ -80,5 +83,9 @@ DEEPFAKE = register(Domain(
     preset={"model.channels": 3, "deepfake.frames_per_video": 8, "data.train_size": 6144, "data.eval_size": 1024,
             "run.steps": 3000, "run.eval_every": 750},
     build_model=build_model, open_split=open_split, resolve=resolve, class_names=lambda config: ["real", "fake"],
-    metrics=deepfake_metrics.metrics, metric_names=deepfake_metrics.NAMES, evaluation="triskele.eval.domains.deepfake",
+    evaluator=DeepfakeEvaluator, metric_names=NAMES, inference="triskele.eval.domains.deepfake",
+    evaluate_flags=(Flag("--holdout", "evaluate only this manipulation method's fakes (with all reals)",
+                         metavar="METHOD", key="deepfake.eval_methods"),),
+    predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),),
+    prepare=PREPARE,
 ))

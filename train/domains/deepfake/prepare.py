@@ -17,7 +17,6 @@ import hashlib
 import io
 import json
 import multiprocessing
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.commands import Command
 from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces
 from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
@@ -104,24 +104,21 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
             "frames_per_sec": round(sampled / seconds, 2) if seconds > 0 else 0.0, "output": str(out)}
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m triskele.train prepare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("domain", choices=["deepfake"], help="what to prepare")
+def _prepare_command(parser: argparse.ArgumentParser):
     parser.add_argument("--input", required=True, help="the raw video tree")
     parser.add_argument("--output", required=True, help="where the frame layout goes")
     parser.add_argument("--frames", type=int, default=32, help="frames sampled per video (default 32)")
     parser.add_argument("--size", type=int, default=CROP_SIZE, help=f"crop side in pixels (default {CROP_SIZE})")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default 0: this one)")
     parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    try:
+
+    def run(args: argparse.Namespace) -> int:
         summary = prepare_deepfake(args.input, args.output, args.frames, args.workers, args.size,
                                    not args.no_progress)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary, indent=2))
-    return 1 if summary["unreadable"] else 0
+        print(json.dumps(summary, indent=2))
+        return 1 if summary["unreadable"] else 0
+
+    return run
 
 
+PREPARE = Command(__doc__, _prepare_command)

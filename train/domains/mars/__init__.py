@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
-from triskele.mesh.chunks import run_groups
-from triskele.models.mars import CLASS_NAMES, DEFAULT_CLASS_WEIGHTS, IGNORE_LABEL, NUM_CLASSES, TerrainSegmenter
-from triskele.models.sliding import default_stride, extract_windows, resize_bilinear, stitch
+from triskele.models.mars import CLASS_NAMES, TerrainSegmenter
 from triskele.train.backbone import vit_config
+from triskele.train.commands import Flag
 from triskele.train.data.pipeline import Source
 from triskele.train.domains import Domain, register
-from triskele.train.domains.mars import metrics as mars_metrics
 from triskele.train.domains.mars.data import SyntheticTerrain, TerrainFiles
-from triskele.train.serve import ServeRunner
+from triskele.train.domains.mars.evaluator import MarsEvaluator
+from triskele.train.domains.mars.metrics import NAMES
 
 AI4MARS_SCALE = 0.5
 """AI4Mars' 1024 x 1024 navcam frames are halved first: its labels are hand-drawn polygons far
@@ -69,56 +65,14 @@ def build_model(config, rngs: nnx.Rngs, stages: int) -> TerrainSegmenter:
     return TerrainSegmenter(vit_config(config, stages), rngs=rngs)
 
 
-def frame_logits(window_logits: np.ndarray, frame_shape: tuple[int, int], label_shape: tuple[int, int],
-                 stride: int) -> np.ndarray:
-    """A frame's windows' logits stitched (mean over overlaps), resized to the label's resolution."""
-    return resize_bilinear(stitch(window_logits, *frame_shape, stride), *label_shape)
-
-
-def whole_frames(parts: Any, params: Any, records: Iterable[dict[str, np.ndarray]]
-                 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
-    """(record, logits at its label's resolution) for whole frames, by sliding windows (stride 2/3
-    of the window) through the model in batches of the run's global batch."""
-    window = parts.config.model.image_size
-    stride = default_stride(window)
-    runner = ServeRunner(parts.graphdef, params, parts.mesh, parts.config.data.global_batch)
-    groups = ((record, extract_windows(record["image"], window, stride)) for record in records)
-    for record, outputs in run_groups(runner.dispatch, runner.fetch, groups, runner.batch):
-        yield record, frame_logits(outputs["logits"], record["image"].shape[:2], record["label"].shape, stride)
-
-
-def evaluate_frames(parts: Any, params: Any, source: Source) -> dict[str, Any]:
-    """Every labelled pixel of every whole frame scored at the label's native resolution: the
-    confusion matrix and the class-weighted cross-entropy."""
-    skip = getattr(source, "bad", {})
-
-    def records():
-        for index in range(len(source)):
-            record = source.load(index)  # a bad record is noted in `skip` as it loads
-            if index not in skip:
-                yield record
-
-    confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), np.float64)
-    loss_sum = weight_sum = 0.0
-    weights = np.asarray(DEFAULT_CLASS_WEIGHTS, np.float64)
-    for record, logits in whole_frames(parts, params, records()):
-        label = record["label"]
-        labelled = label != IGNORE_LABEL
-        truth = label[labelled].astype(np.int64)
-        logits = logits[labelled].astype(np.float64)
-        np.add.at(confusion, (truth, logits.argmax(-1)), 1)
-        shifted = logits - logits.max(-1, keepdims=True)
-        nll = np.log(np.exp(shifted).sum(-1)) - shifted[np.arange(len(truth)), truth]
-        loss_sum += float((nll * weights[truth]).sum())
-        weight_sum += float(weights[truth].sum())
-    return {"confusion": confusion, "loss_sum": np.float64(loss_sum), "weight": np.float64(weight_sum),
-            "unreadable": len(skip)}
-
-
 MARS = register(Domain(
     name="mars", summary="rover terrain segmentation: soil, bedrock, sand, big rock",
     options=MarsOptions, preset={"model.channels": 1, "checkpoint.best_metric": "eval_loss"},
     build_model=build_model, open_split=open_split, class_names=lambda config: list(CLASS_NAMES),
-    metrics=mars_metrics.metrics, metric_names=mars_metrics.NAMES, evaluation="triskele.eval.domains.mars",
-    resolve=resolve, evaluate=evaluate_frames,
+    evaluator=MarsEvaluator, metric_names=NAMES, inference="triskele.eval.domains.mars", resolve=resolve,
+    predict_flags=(
+        Flag("--stride", "sliding-window stride in pixels (default 2/3 window)", type=int),
+        Flag("--tta", "average with the mirrored pass", choices=("flip",)),
+        Flag("--overlay", "also write NAME.overlay.png", switch=True),
+    ),
 ))

@@ -30,7 +30,3 @@ def confusion_metrics(confusion: np.ndarray) -> dict[str, Any]:
         "iou": {name: float(v) for name, v in zip(CLASS_NAMES, iou, strict=True)},
         "recall": {name: float(v) for name, v in zip(CLASS_NAMES, recall, strict=True)},
     }
-
-
-def metrics(totals: dict[str, np.ndarray]) -> dict[str, Any]:
-    return confusion_metrics(totals["confusion"])

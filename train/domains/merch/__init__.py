@@ -10,8 +10,9 @@ from triskele.models.merch import SkuRecognizer
 from triskele.train.backbone import vit_config
 from triskele.train.data.pipeline import Source
 from triskele.train.domains import Domain, class_names, register
-from triskele.train.domains.merch import metrics as merch_metrics
 from triskele.train.domains.merch.data import ProductImages, SyntheticRetail, training_classes
+from triskele.train.domains.merch.metrics import NAMES, metrics
+from triskele.train.evaluation import BatchEvaluator
 
 
 @dataclasses.dataclass
@@ -48,5 +49,5 @@ MERCH = register(Domain(
     preset={"model.channels": 3, "data.train_size": 20000, "data.eval_size": 1200, "run.steps": 1200,
             "run.eval_every": 600},
     build_model=build_model, open_split=open_split, class_names=read_class_names,
-    metrics=merch_metrics.metrics, metric_names=merch_metrics.NAMES, evaluation="triskele.eval.domains.merch",
+    evaluator=BatchEvaluator.factory(metrics), metric_names=NAMES, inference="triskele.eval.domains.merch",
 ))

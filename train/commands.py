@@ -1,0 +1,79 @@
+"""The shape both command lines share: a table of named commands, each adding its flags to a
+parser and returning what runs it; and the flags a domain adds to a shared command."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+Runner = Callable[[argparse.Namespace], Any]
+"""Runs a parsed command line; returns the exit code (train's commands) or the result that
+`python -m triskele.eval` prints as JSON, as `(result, exit code)` where that is not 0."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    summary: str
+    build: Callable[[argparse.ArgumentParser], Runner]
+    """Adds the command's flags to its parser and returns what runs it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One flag a domain adds to a shared command (evaluate, predict)."""
+
+    name: str
+    """As typed, e.g. `--stride`."""
+    help: str
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    switch: bool = False
+    """A flag without a value (store_true)."""
+    key: str | None = None
+    """The config key the value sets (evaluation flags); None: an option handed to the domain's code."""
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        if self.switch:
+            parser.add_argument(self.name, action="store_true", help=self.help)
+            return
+        parser.add_argument(self.name, help=self.help, type=self.type, choices=self.choices, metavar=self.metavar)
+
+
+def add_domain_flags(parser: argparse.ArgumentParser, flags_by_domain: Mapping[str, Sequence[Flag]]) -> None:
+    """Each domain's flags in a group of its own; a flag two domains share is added once."""
+    added: set[str] = set()
+    for domain, flags in flags_by_domain.items():
+        fresh = [flag for flag in flags if flag.name not in added]
+        if not fresh:
+            continue
+        group = parser.add_argument_group(f"{domain} only")
+        for flag in fresh:
+            flag.add_to(group)
+            added.add(flag.name)
+
+
+def run_command_line(prog: str, commands: Mapping[str, Command], default: Command, argv: Sequence[str] | None,
+                     errors: Mapping[type[BaseException], int]) -> int:
+    """`prog [COMMAND] flags...`: the named command, or `default` when the first word names none;
+    its runner's exit code. An exception of a type in `errors` is printed as `error: ...` and
+    exits with its code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = argv[0] if argv[:1] and argv[0] in commands else None
+    command = commands[name] if name else default
+    parser = argparse.ArgumentParser(prog=f"{prog} {name}" if name else prog, description=command.summary,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = command.build(parser)
+    args = parser.parse_args(argv[1:] if name else argv)
+    try:
+        return run(args)
+    except tuple(errors) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return next(code for kind, code in errors.items() if isinstance(err, kind))
