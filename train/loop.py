@@ -213,6 +213,30 @@ class _Events:
         self.checkpoints.save(done, state, {"next_step": done}, self.config_dict, eval_metrics)
 
 
+def _resume(parts: RunParts, workdir: Path, checkpoints: Checkpoints, log: RunLog) -> tuple[TrainState, TrainSummary]:
+    """The state to continue from (the latest checkpoint, or a fresh one) and the run's summary so far."""
+    state = _restore_or_init(parts, checkpoints)
+    first = int(state.step)
+    moved = log.start(first)
+    if moved:
+        print(f"resuming at step {first}: {moved} log records of later steps (from a run stopped before its next "
+              f"checkpoint) moved to {log.dropped.name}", flush=True)
+    return state, TrainSummary(
+        workdir=str(workdir), first_step=first + 1, final_step=first, last_loss=None,
+        stopped_by="nothing to do", checkpoint_dir=str(checkpoints.directory),
+        metrics_file=str(log.path), eval_metrics={},
+    )
+
+
+def _train_batches(parts: RunParts, first: int, bad_records: Path):
+    """This process's rows of every global batch from step `first` on, in the run's global order."""
+    config, batch_size = parts.config, parts.config.data.global_batch
+    source = tolerant(parts.domain.open_split(config, "train"), config.data.bad_records, "train", bad_records)
+    return train_batches(source, batch_size, config.run.seed, first, config.run.steps,
+                         process_rows(parts.mesh, batch_size), threads=config.data.threads,
+                         prefetch=config.data.prefetch, workers=config.data.workers)
+
+
 def _train(
     parts: RunParts,
     workdir: Path,
@@ -223,27 +247,13 @@ def _train(
 ) -> TrainSummary:
     config, mesh = parts.config, parts.mesh
     total, batch_size = config.run.steps, config.data.global_batch
-    state = _restore_or_init(parts, checkpoints)
-    first = int(state.step)
-    moved = log.start(first)
-    if moved:
-        print(f"resuming at step {first}: {moved} log records of later steps (from a run stopped before its next "
-              f"checkpoint) moved to {log.dropped.name}", flush=True)
-    summary = TrainSummary(
-        workdir=str(workdir), first_step=first + 1, final_step=first, last_loss=None,
-        stopped_by="nothing to do", checkpoint_dir=str(checkpoints.directory),
-        metrics_file=str(log.path), eval_metrics={},
-    )
+    state, summary = _resume(parts, workdir, checkpoints, log)
+    first = summary.final_step
     if first >= total:
         return summary
 
     events = _Events(parts, workdir, checkpoints, log, summary)
-    train_source = tolerant(parts.domain.open_split(config, "train"), config.data.bad_records, "train",
-                            events.bad_records)
-    batches = train_batches(
-        train_source, batch_size, config.run.seed, first, total, process_rows(mesh, batch_size),
-        threads=config.data.threads, prefetch=config.data.prefetch, workers=config.data.workers,
-    )
+    batches = _train_batches(parts, first, events.bad_records)
     _announce(config, events.schedule, log)
     train_step = None
     pending = PendingMetrics()

@@ -62,7 +62,9 @@ class PlanInputs:
     nvlink_domain: int
     """GPUs joined by NVLink (8 in an HGX node, 72 in an NVL72 rack)."""
     compute: str = "bfloat16"
-    """The compute dtype (its peak and activation size): float32, bfloat16 or fp8."""
+    """What the matmuls run in (the peak they reach): float32, bfloat16 or fp8."""
+    activation_bytes: int = 2
+    """Bytes of one activation element (`triskele.train.precision.activation_bytes` of the run's precision)."""
     efficiency: float = 0.5
     """Share of peak FLOP/s the matmuls reach."""
     param_bytes: Callable[[MeshSpec], ParamBytes] | None = None
@@ -91,10 +93,6 @@ class PlanInputs:
     """Collectives per layer for each fsdp gather or reduce-scatter: 1 where a layer's weights move
     together (XLA, stacked layers); ZeRO-3 moves each module's own (QKV, out, MLP up and down, two
     LayerNorms: 6), paying the ring's latency each time."""
-
-    @property
-    def activation_bytes(self) -> int:
-        return 4 if self.compute == "float32" else 2
 
 
 @dataclasses.dataclass

@@ -197,26 +197,35 @@ def run_plan(args: argparse.Namespace) -> int:
         return plan_inputs(config, gpu, devices, nodes, args.nvlink_domain, args.efficiency, args.gpu_memory_gb,
                            model=model, **options)
 
-    name = args.preset or args.shape
-    output = Path(args.output or ".")
-    gpus_per_node = args.devices // args.nodes if args.devices and args.nodes else gpu.gpus_per_node
     if args.scaling:
-        rows = scaling(lambda n: make(n, max(1, n // gpus_per_node)), SCALING_DEVICES)
-        columns = ["devices", "choice", "mesh", "step_ms", "efficiency", "mfu", "fits", "comm_bound"]
-        if args.cost:
-            rows = _with_cost(rows, args, gpu, batch, lambda row: row["devices"])
-            columns += ["hours", "gpu_hours", "cost_rent_usd", "cost_own_usd"]
-        print(f"{name}, global batch {batch}, {gpu.name}, {gpus_per_node} GPUs per node: predicted step time "
-              "and scaling efficiency")
-        print_rows(rows, columns)
-        output.mkdir(parents=True, exist_ok=True)
-        plot_scaling(rows, output / "scaling.png")
-        (output / "scaling.json").write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"wrote {output / 'scaling.png'} and {output / 'scaling.json'}")
-        return 0
+        return _print_scaling(args, make, gpu, batch)
     if not args.devices:
         raise ValueError("--devices is required (or ask for --scaling or --inference)")
-    inputs = make(args.devices, args.nodes)
+    return _print_ranking(args, make(args.devices, args.nodes), batch)
+
+
+def _print_scaling(args: argparse.Namespace, make, gpu: Gpu, batch: int) -> int:
+    """Predicted step time and scaling efficiency over SCALING_DEVICES, as a table, a plot and JSON."""
+    output = Path(args.output or ".")
+    gpus_per_node = args.devices // args.nodes if args.devices and args.nodes else gpu.gpus_per_node
+    rows = scaling(lambda n: make(n, max(1, n // gpus_per_node)), SCALING_DEVICES)
+    columns = ["devices", "choice", "mesh", "step_ms", "efficiency", "mfu", "fits", "comm_bound"]
+    if args.cost:
+        rows = _with_cost(rows, args, gpu, batch, lambda row: row["devices"])
+        columns += ["hours", "gpu_hours", "cost_rent_usd", "cost_own_usd"]
+    print(f"{args.preset or args.shape}, global batch {batch}, {gpu.name}, {gpus_per_node} GPUs per node: "
+          "predicted step time and scaling efficiency")
+    print_rows(rows, columns)
+    output.mkdir(parents=True, exist_ok=True)
+    plot_scaling(rows, output / "scaling.png")
+    (output / "scaling.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"wrote {output / 'scaling.png'} and {output / 'scaling.json'}")
+    return 0
+
+
+def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int) -> int:
+    """Every valid mesh of `--devices` ranked, the pick and why, its cost with `--cost`."""
+    name = args.preset or args.shape
     ranked = candidates(inputs)
     if not ranked:
         raise ValueError(f"no mesh of {args.devices} devices passes validation for {name} at global batch "
@@ -244,6 +253,7 @@ def run_plan(args: argparse.Namespace) -> int:
               f"{top['break_even_hours_per_year']:,.0f} busy hours per year "
               f"({top['break_even_hours_per_year'] / 8766:.0%} utilisation)")
     if args.output:
+        output = Path(args.output)
         output.mkdir(parents=True, exist_ok=True)
         (output / "plan.json").write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -24,7 +24,7 @@ from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MESH_AXES, MeshSpec
 from triskele.train.config import Config
 from triskele.train.domains import get_domain
-from triskele.train.precision import matmul_dtype
+from triskele.train.precision import activation_bytes, matmul_dtype
 from triskele.train.validate import validate
 
 PLANNED_BACKEND = "gpu"
@@ -100,6 +100,7 @@ def plan_inputs(config: Config, gpu_name: Gpu | str, devices: int, nodes: int | 
     return PlanInputs(shape=model.shape, global_batch=config.data.global_batch, gpu=gpu, devices=devices,
                       nodes=nodes, nvlink_domain=nvlink_domain or devices // nodes,
                       compute=matmul_dtype(config.precision, PLANNED_BACKEND),
+                      activation_bytes=activation_bytes(config.precision, PLANNED_BACKEND),
                       efficiency=gpu.efficiency if efficiency is None else efficiency, param_bytes=model.param_bytes,
                       validate=check, memory_bytes=memory_gb * 1e9 if memory_gb else None, **options)
 
