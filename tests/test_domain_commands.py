@@ -72,3 +72,9 @@ def test_a_domain_command_on_another_domains_run_is_refused(mars_run, tmp_path, 
                       "--mesh", "data=8"]) == 2
     assert "a gallery index is for merch runs" in capsys.readouterr().err
     assert not (mars_run / "gallery").exists()
+
+
+def test_clips_are_refused_by_a_domain_whose_models_take_single_images(tmp_path, capsys):
+    assert train_main(["--workdir", str(tmp_path), "--set", "model.frames=4", "--steps", "1", "--no-progress"]) == 2
+    assert "model.frames=4: mars models take single images, not clips; use model.frames=1" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoints").exists()

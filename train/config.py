@@ -34,7 +34,9 @@ class ModelConfig:
     depth: int | None = None
     """Overrides the named size's depth when set."""
     frames: int = 1
-    """deepfake: 1 trains the frame detector; T > 1 the video detector on clips of T frames."""
+    """Images per record: 1, single images; T > 1, clips of T frames (the input shape a model, its
+    export and its predictor share; a domain whose spec has no `clips` refuses T > 1 before
+    anything compiles). deepfake: 1 trains the frame detector, T > 1 the video detector."""
     init_from: str | None = None
     """A pretrained ViT file (timm or Hugging Face safetensors, a save_pretrained folder, a ViT or
     big_vision .npz) whose weights start the backbone of a fresh run."""

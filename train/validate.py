@@ -7,6 +7,7 @@ from triskele.mesh.pipeline import check_schedule
 from triskele.mesh.spec import divisors
 from triskele.train.backbone import vit_config
 from triskele.train.config import Config
+from triskele.train.domains import get_domain
 
 
 def validate(config: Config, mesh: Mesh) -> None:
@@ -33,6 +34,9 @@ def validate(config: Config, mesh: Mesh) -> None:
             f"{' x optim.grad_accum' if accum > 1 else ''} = {unit} on mesh '{config.mesh}'; "
             f"use data.global_batch={(batch // unit + 1) * unit} or fewer pipeline.microbatches"
         )
+    if config.model.frames > 1 and not get_domain(config.domain).clips:
+        raise ValueError(f"model.frames={config.model.frames}: {config.domain} models take single images, not clips; "
+                         "use model.frames=1")
     vit = vit_config(config)
     if vit.heads % shape["tensor"]:
         raise ValueError(

@@ -57,6 +57,8 @@ class Domain:
     """Flags `python -m triskele.eval` adds for this domain; each sets a config key of the evaluation."""
     predict_flags: tuple[Flag, ...] = ()
     """Flags `python -m triskele.eval predict` adds for this domain, handed to its `predict_io` as options."""
+    clips: bool = False
+    """Its models take clips of `model.frames` images per record (a video model) when frames > 1."""
     prepare: Command | None = None
     """`python -m triskele.train prepare <domain>`: raw data into the layout the domain reads."""
 
