@@ -6,7 +6,9 @@ Grain threads or worker processes (memory bounded by the prefetch depth, never b
 inputs), records packed into fixed-size batches sharded over the local devices, the next batch
 dispatched before the previous one's outputs are fetched, each finished input handed to a
 background writer. An input whose result is already recorded is skipped (a rerun finishes what a
-killed job left); an unreadable input is listed in errors.csv and the rest go on. With several
+killed job left), unless the input changed since (its size or modification time); OUT's manifest
+records the model, its preprocessing and the options, and a rerun with others is refused unless
+it overwrites. An unreadable input is listed in errors.csv and the rest go on. With several
 processes each reads and writes only its share of the inputs; process 0 writes the summary.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import posixpath
 import queue
 import threading
 import time
@@ -31,16 +34,56 @@ from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.data.pipeline import prefetched
 
 STATE_DIR = ".triskele-predict"
-"""Under the output folder: one JSON per finished input (its result row) and per unreadable one."""
+"""Under the output folder: the manifest, one JSON per finished input (its result row) and per
+unreadable one."""
+JOB_FILES = ("summary.json", "errors.csv", STATE_DIR)
+"""What predict itself writes in OUT: no input's output may take one of these names."""
+_JOURNAL_KEY = "_journal"
+"""In a recorded row: the input files' (name, size, mtime) and the manifest's digest it was made under."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """One input: a file, or a group of files read together (a video's frames)."""
+    """One input: a file, or a group of files read together (a video's frames, a shelf and its plan)."""
 
     key: str
-    """Its name under the input root (folders kept); outputs are named after it."""
+    """Its path under the inputs' common root (folders and suffix kept): its rows are named by it."""
     paths: tuple[Path, ...]
+    stem: str = ""
+    """What its outputs' names start with (`triskele.eval.inputs`): set by `file_units`."""
+
+    def named(self, suffix: str) -> str:
+        """The name under OUT of its output ending in `suffix` (e.g. '.png', '.overlay.png')."""
+        return (self.stem or posixpath.splitext(self.key)[0]) + suffix
+
+
+def file_units(root: Path, files: Sequence[Path]) -> list[Unit]:
+    """One unit per file, keyed by its path under `root`, with its outputs' stem."""
+    from triskele.eval.inputs import output_stems, relative_name
+
+    keys = [relative_name(f, root) for f in files]
+    stems = output_stems(keys)
+    return [Unit(key, (f,), stems[key]) for key, f in zip(keys, files, strict=True)]
+
+
+def input_units(io: PredictIO, input_spec: str | Path) -> list[Unit]:
+    """The domain's units of every input of `input_spec`; two of one key are refused, naming both."""
+    from triskele.eval.inputs import list_inputs
+
+    units = io.units(*list_inputs(input_spec, io.suffixes))
+    seen: dict[str, Unit] = {}
+    for unit in units:
+        other = seen.setdefault(unit.key, unit)
+        if other is not unit:
+            first, second = sorted((_where(other), _where(unit)))
+            raise ValueError(f"inputs {first} and {second} would both be named {unit.key!r}; rename one of them "
+                             "or predict them separately")
+    return units
+
+
+def _where(unit: Unit) -> str:
+    """A unit's file, or the folder of its files."""
+    return str(unit.paths[0] if len(unit.paths) == 1 else unit.paths[0].parent)
 
 
 class PredictIO(Protocol):
@@ -49,7 +92,8 @@ class PredictIO(Protocol):
     suffixes: tuple[str, ...]
 
     def units(self, root: Path, files: list[Path]) -> list[Unit]:
-        """The inputs found under `root` (e.g. frames grouped into videos)."""
+        """The inputs found under `root` (e.g. frames grouped into videos); ValueError, naming them,
+        for two whose outputs would take one name (`triskele.eval.inputs.refuse_clashes`)."""
         ...
 
     def read(self, unit: Unit) -> tuple[np.ndarray, Any]:
@@ -65,32 +109,71 @@ class PredictIO(Protocol):
         ...
 
 
+def input_stamp(unit: Unit) -> list[list[Any]]:
+    """(name, size, modification time) of each of the unit's files: a changed input is predicted again."""
+    stamp = []
+    for path in unit.paths:
+        try:
+            stat = path.stat()
+            stamp.append([path.name, stat.st_size, stat.st_mtime_ns])
+        except OSError:  # gone since it was listed: never done, and its read reports why
+            stamp.append([path.name, None, None])
+    return stamp
+
+
 class Journal:
-    """OUT/.triskele-predict/{rows,errors}/<hash of the unit's key>.json."""
+    """OUT/.triskele-predict/manifest.json and {rows,errors}/<hash of the unit's key>.json."""
 
     def __init__(self, out_dir: Path):
+        self.out_dir, self.manifest = out_dir, out_dir / STATE_DIR / "manifest.json"
         self.rows, self.errors = out_dir / STATE_DIR / "rows", out_dir / STATE_DIR / "errors"
 
     @staticmethod
     def _name(unit: Unit) -> str:
         return hashlib.sha1(unit.key.encode()).hexdigest()[:20] + ".json"
 
-    def done(self, unit: Unit) -> bool:
-        return (self.rows / self._name(unit)).is_file()
-
-    def row(self, unit: Unit) -> dict[str, Any] | None:
+    def _recorded(self, unit: Unit) -> dict[str, Any] | None:
         path = self.rows / self._name(unit)
         return json.loads(path.read_text()) if path.is_file() else None
+
+    def done(self, unit: Unit, stamp: list[list[Any]], manifest: dict[str, Any]) -> bool:
+        """Recorded from these very files under this manifest."""
+        recorded = self._recorded(unit)
+        return recorded is not None and recorded.get(_JOURNAL_KEY) == {"inputs": stamp, "manifest": _digest(manifest)}
+
+    def row(self, unit: Unit) -> dict[str, Any] | None:
+        recorded = self._recorded(unit)
+        return None if recorded is None else {k: v for k, v in recorded.items() if k != _JOURNAL_KEY}
+
+    def check_manifest(self, manifest: dict[str, Any], overwrite: bool) -> None:
+        """Refuses (ValueError naming what differs) OUT's predictions made with another model,
+        preprocessing or options, unless `overwrite`."""
+        if overwrite or not self.rows.is_dir() or not any(self.rows.iterdir()):
+            return
+        if not self.manifest.is_file():
+            differences = "it records no model (written before predict recorded one)"
+        else:
+            saved = json.loads(self.manifest.read_text())
+            differences = "; ".join(_differences(saved, manifest))
+            if not differences:
+                return
+        raise ValueError(f"--output {self.out_dir} holds predictions made otherwise: {differences}. Predict into "
+                         "another --output, or add --overwrite to predict every input again with these")
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        write_atomically(self.manifest, (json.dumps(manifest, indent=2) + "\n").encode())
 
     def error(self, unit: Unit) -> str | None:
         path = self.errors / self._name(unit)
         return json.loads(path.read_text())["reason"] if path.is_file() else None
 
-    def record(self, unit: Unit, row: dict[str, Any]) -> None:
-        write_atomically(self.rows / self._name(unit), json.dumps(row).encode())
+    def record(self, unit: Unit, row: dict[str, Any], stamp: list[list[Any]], manifest: dict[str, Any]) -> None:
+        recorded = {**row, _JOURNAL_KEY: {"inputs": stamp, "manifest": _digest(manifest)}}
+        write_atomically(self.rows / self._name(unit), json.dumps(recorded).encode())
         (self.errors / self._name(unit)).unlink(missing_ok=True)
 
     def record_error(self, unit: Unit, reason: str) -> None:
+        (self.rows / self._name(unit)).unlink(missing_ok=True)  # an earlier result of it is stale now
         write_atomically(self.errors / self._name(unit), json.dumps({"input": unit.key, "reason": reason}).encode())
 
 
@@ -144,16 +227,15 @@ def predictions(model: Any, io: PredictIO, units: Sequence[Unit], threads: int =
 
 def iter_predictions(model: Any, io: PredictIO, input_spec: str | Path, **options: int) -> Iterator[Prediction]:
     """For notebooks: the predictions of every input of `input_spec`, nothing written."""
-    from triskele.eval.inputs import list_inputs
-
-    return predictions(model, io, io.units(*list_inputs(input_spec, io.suffixes)), **options)
+    return predictions(model, io, input_units(io, input_spec), **options)
 
 
 class _Writer:
     """Hands each finished input to the domain's writer in a background thread and records it."""
 
-    def __init__(self, io: PredictIO, out_dir: Path, bar: tqdm):
+    def __init__(self, io: PredictIO, out_dir: Path, bar: tqdm, stamps: dict[str, list], manifest: dict[str, Any]):
         self.io, self.out_dir, self.bar, self.journal = io, out_dir, bar, Journal(out_dir)
+        self.stamps, self.manifest = stamps, manifest
         self.queue: queue.Queue = queue.Queue(maxsize=4)
         self.written = self.unreadable = self.records = 0
         self.failure: BaseException | None = None
@@ -162,7 +244,8 @@ class _Writer:
     def _loop(self) -> None:
         while (item := self.queue.get()) is not None:
             try:
-                self.journal.record(item.unit, self.io.write(item.unit, item.context, item.outputs, self.out_dir))
+                row = self.io.write(item.unit, item.context, item.outputs, self.out_dir)
+                self.journal.record(item.unit, row, self.stamps[item.unit.key], self.manifest)
                 self.written += 1
             except Exception as err:  # an output that cannot be written: reported at the end, the rest go on
                 self.failure = self.failure or err
@@ -186,6 +269,39 @@ class _Writer:
             self.thread.join()
 
 
+def predict_manifest(model: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """What OUT's predictions are made with: the model's identity (`identity`: a checkpoint's step and
+    parameter digest, or an export's SHA-256), its domain and preprocessing, the predict options given."""
+    from triskele.eval.model import input_preprocessing
+
+    manifest = {"domain": model.meta["domain"], "model": model.identity,
+                "preprocessing": input_preprocessing(model.meta), "options": options}
+    return json.loads(json.dumps(manifest, default=str))
+
+
+def _digest(manifest: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two manifests, in words ('stride: None -> 16')."""
+    from triskele.eval.model import describe_model
+
+    found = []
+    for part in ("domain", "model", "preprocessing", "options"):
+        old, new = saved.get(part), now.get(part)
+        if old == new:
+            continue
+        if part == "model":
+            found.append(f"model: {describe_model(old)} -> {describe_model(new)}")
+        elif isinstance(old, dict) and isinstance(new, dict):
+            found += [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
+                      if old.get(key) != new.get(key)]
+        else:
+            found.append(f"{part}: {old!r} -> {new!r}")
+    return found
+
+
 def _gather(values: list[int]) -> list[int]:
     """Sums of per-process counts (every process calls it)."""
     if jax.process_count() == 1:
@@ -196,31 +312,38 @@ def _gather(values: list[int]) -> list[int]:
 
 
 def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: str | Path, overwrite: bool = False,
-                  threads: int = 4, prefetch: int = 8, workers: int = 0, progress: bool = True) -> dict[str, Any]:
+                  threads: int = 4, prefetch: int = 8, workers: int = 0, progress: bool = True,
+                  options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Predicts every input of `input_spec` (see `triskele.eval.inputs`) into `out_dir`; returns the
-    summary (also OUT/summary.json). `model` has `dispatch(records)`, `fetch(handle)` and `batch`."""
-    from triskele.eval.inputs import list_inputs
-
+    summary (also OUT/summary.json). `model` has `dispatch(records)`, `fetch(handle)`, `batch`, `meta`
+    and `identity`; `options`: the domain's predict options given, recorded in OUT's manifest. An
+    OUT made with another model, preprocessing or options is refused unless `overwrite`."""
     out_dir = Path(out_dir)
-    root, files = list_inputs(input_spec, io.suffixes)
-    units = io.units(root, files)
+    units = input_units(io, input_spec)
     mine = units[jax.process_index() :: jax.process_count()]
     journal = Journal(out_dir)
-    todo = [u for u in mine if overwrite or not journal.done(u)]
+    manifest = predict_manifest(model, options or {})
+    journal.check_manifest(manifest, overwrite)
+    stamps = {u.key: input_stamp(u) for u in mine}
+    todo = [u for u in mine if overwrite or not journal.done(u, stamps[u.key], manifest)]
+    changed = sum(journal.row(u) is not None for u in todo) if not overwrite else 0
     out_dir.mkdir(parents=True, exist_ok=True)
+    if jax.process_index() == 0:
+        journal.write_manifest(manifest)
     bar = tqdm(total=len(todo), disable=not progress or jax.process_index() != 0, unit="input", dynamic_ncols=True)
     started = time.perf_counter()
-    run = _Writer(io, out_dir, bar)
+    run = _Writer(io, out_dir, bar, stamps, manifest)
     run.run(predictions(model, io, todo, threads, prefetch, workers))
     seconds = time.perf_counter() - started
     bar.close()
-    written, skipped, unreadable, records = _gather([run.written, len(mine) - len(todo), run.unreadable, run.records])
+    written, skipped, changed, unreadable, records = _gather([run.written, len(mine) - len(todo), changed,
+                                                              run.unreadable, run.records])
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("triskele-predict-written")
-    summary = {"inputs": len(units), "written": written, "skipped": skipped, "unreadable": unreadable,
-               "records": records, "seconds": round(seconds, 3),
+    summary = {"inputs": len(units), "written": written, "skipped": skipped, "changed": changed,
+               "unreadable": unreadable, "records": records, "seconds": round(seconds, 3),
         "images_per_sec": round(written / seconds, 3) if seconds > 0 else 0.0,
         "records_per_sec": round(records / seconds, 3) if seconds > 0 else 0.0, "output": str(out_dir)}
     if jax.process_index() == 0:
@@ -230,9 +353,9 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
         _write_errors(out_dir, errors)
         summary["files"] = files_written + (["errors.csv"] if errors else [])
         write_atomically(out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
-        print(f"predicted {written} inputs, skipped {summary['skipped']} already done, {unreadable} unreadable "
-              f"in {seconds:.1f} s ({summary['images_per_sec']:.1f} inputs/s, {summary['records_per_sec']:.1f} "
-              f"model inputs/s) -> {out_dir}", flush=True)
+        print(f"predicted {written} inputs ({changed} changed since), skipped {skipped} already done, "
+              f"{unreadable} unreadable in {seconds:.1f} s ({summary['images_per_sec']:.1f} inputs/s, "
+              f"{summary['records_per_sec']:.1f} model inputs/s) -> {out_dir}", flush=True)
     if run.failure is not None and jax.process_index() == 0:
         print(f"warning: some outputs could not be written: {run.failure}", flush=True)
     return summary

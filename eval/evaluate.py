@@ -81,9 +81,9 @@ def _flag_overrides(given: dict[str, Any]) -> dict[str, Any]:
     return {keys[name]: value for name, value in given.items()}
 
 
-def _predict_io(model: Any, workdir: str | Path | None, options: dict[str, Any]) -> Any:
-    """The model's domain's reader and writer with the predict options given (by flag dest); an
-    option that is not the model's domain's is refused, naming whose it is."""
+def _given(model: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The predict options given (by flag dest); one that is not the model's domain's is refused,
+    naming whose it is."""
     domain = get_domain(model.meta["domain"])
     own = {flag.dest for flag in domain.predict_flags}
     given = {name: value for name, value in options.items() if value is not None and value is not False}
@@ -92,7 +92,19 @@ def _predict_io(model: Any, workdir: str | Path | None, options: dict[str, Any])
         whose = f"an option of {', '.join(owners)}" if owners else "no domain's option"
         mine = ", ".join(sorted(own)) or "none"
         raise ValueError(f"predict option {name!r} is {whose}; this model is {domain.name} (its options: {mine})")
-    return inference_of(domain).predict_io(model.meta, given, Path(workdir) if workdir else None)
+    return given
+
+
+def _predict_io(model: Any, workdir: str | Path | None, given: dict[str, Any]) -> Any:
+    """The model's domain's reader and writer with the options given. A domain's inference module
+    may have `before_predict(model, workdir)`, run first (e.g. an index of reference embeddings
+    built by another model rebuilt); its `predict_io` gets the model's `identity` in `meta`."""
+    module = inference_of(get_domain(model.meta["domain"]))
+    folder = Path(workdir) if workdir else None
+    before = getattr(module, "before_predict", None)
+    if before is not None:
+        before(model, folder)
+    return module.predict_io({**model.meta, "identity": model.identity}, given, folder)
 
 
 def predict(workdir: str | Path | None, input_spec: str | Path, output_dir: str | Path, mesh: str | None = None,
@@ -102,10 +114,12 @@ def predict(workdir: str | Path | None, input_spec: str | Path, output_dir: str 
     """Predicts the inputs of `input_spec` (a folder, searched recursively; a glob; or a text file
     of paths) into `output_dir` with a checkpoint of `workdir` or an `exported` model, through the
     streaming engine; returns the summary. `options`: the model's domain's predict flags by name
-    (e.g. mars' `stride=43, tta="flip", overlay=True`)."""
+    (e.g. mars' `stride=43, tta="flip", overlay=True`), recorded with the model's identity in
+    OUTPUT's manifest: a rerun with another model or other options is refused unless `overwrite`."""
     model = load_model(workdir, exported, mesh, step, batch)
-    return predict_files(model, _predict_io(model, workdir, options), input_spec, output_dir, overwrite=overwrite,
-                         threads=threads, prefetch=prefetch, workers=workers, progress=progress)
+    given = _given(model, options)
+    return predict_files(model, _predict_io(model, workdir, given), input_spec, output_dir, overwrite=overwrite,
+                         threads=threads, prefetch=prefetch, workers=workers, progress=progress, options=given)
 
 
 def predict_iter(workdir: str | Path | None, input_spec: str | Path, mesh: str | None = None,
@@ -114,4 +128,4 @@ def predict_iter(workdir: str | Path | None, input_spec: str | Path, mesh: str |
     """For notebooks: each input's model outputs as they come (`Prediction(unit, outputs, context,
     error)`), through the same engine as `predict`, nothing written."""
     model = load_model(workdir, exported, mesh, step, batch)
-    return iter_predictions(model, _predict_io(model, workdir, options), input_spec)
+    return iter_predictions(model, _predict_io(model, workdir, _given(model, options)), input_spec)

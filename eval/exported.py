@@ -61,6 +61,11 @@ class ExportedModel:
                              "or export with --batch dynamic")
         self.batch: int = fixed or batch or DYNAMIC_BATCH
 
+    @property
+    def identity(self) -> dict[str, Any]:
+        """The export's SHA-256 (checked against the file when loaded) and the step it was exported from."""
+        return {"export_sha256": self.meta["sha256"], "step": self.meta.get("step")}
+
     def dispatch(self, images: np.ndarray) -> dict[str, Any]:
         images = np.asarray(images, np.float32)
         expected = self.meta["input_shape"][1:]

@@ -294,3 +294,98 @@ def test_notebooks_get_an_iterator_of_predictions(mars_run, tmp_path):
     windows = got["b.png"].outputs["logits"]
     assert windows.shape == (len(window_boxes(30, 70, 32, 21)), 32, 32, 4)
     assert callable(predict)
+
+
+# --- every input its own output, tied to its model (issue 35, items 3 and 4) ------------------------
+
+def _noise(path, seed, size=(36, 44)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, size, np.uint8)).save(path)
+    return path
+
+
+def test_every_input_gets_its_own_output_named_by_its_path_and_suffix(mars_run, tmp_path):
+    inputs = [_noise(tmp_path / "x" / "a" / "img.png", 1), _noise(tmp_path / "y" / "b" / "img.png", 2),
+              _noise(tmp_path / "x" / "a" / "frame.jpg", 3), _noise(tmp_path / "x" / "a" / "frame.png", 4)]
+    (tmp_path / "list.txt").write_text("".join(f"{p}\n" for p in inputs))
+    model = load_model(mars_run, mesh="data=8")
+    from triskele.eval.domains.mars import predict_io
+
+    io = predict_io(model.meta, {"overlay": True})
+    out = tmp_path / "out"
+    summary = predict_files(model, io, tmp_path / "list.txt", out, progress=False)
+    assert summary["inputs"] == summary["written"] == 4
+    masks = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png") if not p.name.endswith(".overlay.png"))
+    assert masks == ["x/a/frame.jpg.png", "x/a/frame.png.png", "x/a/img.png", "y/b/img.png"]
+    assert len(list(out.rglob("*.overlay.png"))) == 4
+    for path, mask in zip(inputs, ["x/a/img.png", "y/b/img.png", "x/a/frame.jpg.png", "x/a/frame.png.png"],
+                          strict=True):
+        alone = tmp_path / f"alone-{mask.replace('/', '-')}"
+        predict_files(model, io, path, alone, progress=False)  # one file: its mask is its stem + .png
+        assert (out / mask).read_bytes() == (alone / f"{path.stem}.png").read_bytes(), mask
+
+
+def test_a_resume_with_another_model_or_options_is_refused_and_a_changed_input_redone(mars_run, tmp_path,
+                                                                                        capsys):
+    folder = tmp_path / "in"
+    for i in range(3):
+        _noise(folder / f"{i}.png", 10 + i)
+    out = tmp_path / "out"
+    command = ["predict", "--workdir", str(mars_run), "--input", str(folder), "--output", str(out), "--no-progress",
+               "--mesh", "data=8"]
+    assert eval_main(command) == 0
+    manifest = json.loads((out / ".triskele-predict" / "manifest.json").read_text())
+    assert manifest["domain"] == "mars" and manifest["options"] == {}
+    assert manifest["model"]["step"] == 4 and len(manifest["model"]["params_sha256"]) == 64
+    assert manifest["preprocessing"]["image_size"] == 32 and manifest["preprocessing"]["channels"] == 1
+    capsys.readouterr()
+    assert eval_main(command + ["--stride", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "stride: None -> 16" in err and "--overwrite" in err, err
+
+    parts, params, step = restore_params(mars_run, mesh_of("data=8"))
+    other = LiveModel(parts, jax.tree.map(lambda a: a * np.float32(1.01), params), step=step)
+    with pytest.raises(ValueError, match=r"model: checkpoint step 4 \(float32, parameters sha256 \w{12}\) -> "
+                                         r"checkpoint step 4 \(float32, parameters sha256 \w{12}\)"):
+        predict_files(other, _io(other), folder, out, progress=False)
+    masks = {p.name: p.read_bytes() for p in out.glob("*.png")}
+    assert predict_files(other, _io(other), folder, out, overwrite=True, progress=False)["written"] == 3
+    assert {p.name: p.read_bytes() for p in out.glob("*.png")} != masks  # the other model's masks
+    assert eval_main(command) == 2  # the run's own model, now that OUT holds the other's
+    assert eval_main(command + ["--overwrite"]) == 0
+    assert {p.name: p.read_bytes() for p in out.glob("*.png")} == masks
+
+    earlier = {p.name: p.stat().st_mtime_ns for p in out.glob("*.png")}
+    _noise(folder / "1.png", 99)  # the same name, other pixels
+    assert eval_main(command) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["written"], summary["skipped"], summary["changed"]) == (1, 2, 1)
+    assert {name for name, t in earlier.items() if (out / name).stat().st_mtime_ns != t} == {"1.png"}
+    model = load_model(mars_run, mesh="data=8")
+    predict_files(model, _io(model), folder / "1.png", tmp_path / "alone", progress=False)
+    assert (out / "1.png").read_bytes() == (tmp_path / "alone" / "1.png").read_bytes()
+
+
+# --- transfers ----------------------------------------------------------------------------------------
+
+def test_outputs_stay_sharded_on_their_devices_and_mars_returns_only_its_logits(model):
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+    from triskele.mesh import host_to_global
+    from triskele.mesh.perf.hlo_counts import program_cost
+
+    images = np.random.default_rng(5).random((model.batch, 32, 32, 1), dtype=np.float32)  # 8 rows per device
+    handle = model.dispatch(images)
+    assert set(handle) == {"logits"}  # the writers read the logits only
+    assert [shard.data.shape for shard in handle["logits"].addressable_shards] == [(8, 32, 32, 4)] * 8
+    alone = jax.jit(lambda params, x: nnx.merge(model.parts.graphdef, params)(x))  # the model on one device
+    np.testing.assert_allclose(model.fetch(handle)["logits"], alone(jax.device_get(model.params), images),
+                               atol=1e-5)
+    with jax.set_mesh(model.mesh):
+        batch = host_to_global({"image": images}, model.mesh, model.batch)["image"]
+        compiled = model._serve.lower(model.params, batch).compile().as_text()
+        replicated = jax.jit(lambda params, x: nnx.merge(model.parts.graphdef, params).serve(x),
+                             out_shardings=NamedSharding(model.mesh, PartitionSpec()))
+        control = replicated.lower(model.params, batch).compile().as_text()
+    assert program_cost(compiled, 8).collective_counts.get("all-gather", 0) == 0
+    assert program_cost(control, 8).collective_counts.get("all-gather", 0) >= 1  # the check trips on a gather

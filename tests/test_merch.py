@@ -198,3 +198,75 @@ def test_gallery_index_crop_and_shelf_prediction(trained, tmp_path, capsys):
     assert eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(out),
                       "--mesh", "data=8"]) == 2
     assert "names SKUs not in the gallery: ['sku9']" in capsys.readouterr().err
+
+
+def _references(folder):
+    synth = SyntheticRetail("test", 300, 32, train_skus=20)
+    for sku in range(3):
+        path = folder / f"sku{sku}" / "ref.png"
+        path.parent.mkdir(parents=True)
+        Image.fromarray((synth.load(len(synth) - 24 + sku)["image"] * 255).astype(np.uint8)).save(path)
+    return np.stack([np.asarray(Image.open(folder / f"sku{sku}" / "ref.png"), np.float32) / 255 for sku in range(3)])
+
+
+def test_a_gallery_index_is_tied_to_its_model_rebuilt_when_stale_else_refused(trained, tmp_path, capsys):
+    import shutil
+
+    from triskele.eval.domains.merch import gallery_path, refresh_gallery
+    from triskele.eval.exported import load_exported
+    from triskele.train.run import restore_params
+
+    run = shutil.copytree(trained, tmp_path / "run")
+    images = _references(tmp_path / "refs")
+    assert eval_main(["gallery", "--workdir", str(run), "--input", str(tmp_path / "refs"), "--mesh", "data=8"]) == 0
+    index = np.load(gallery_path(run))
+    built = json.loads(str(index["built_with"]))
+    assert built["model"]["step"] == 3 and len(built["model"]["params_sha256"]) == 64
+    assert built["preprocessing"]["image_size"] == 32 and built["preprocessing"]["channels"] == 3
+    assert built["references"] == str((tmp_path / "refs").resolve())
+
+    # Another model of the same step (other parameters): the index is rebuilt with its embeddings.
+    parts, params, step = restore_params(run, mesh_of("data=8"))
+    live = LiveModel(parts, params, step=step)
+    other = LiveModel(parts, jax.tree.map(lambda a: a * np.float32(1.05), params), step=step)
+    before = index["embeddings"]
+    np.testing.assert_allclose(before, live(images)["embedding"], atol=1e-6)
+    assert refresh_gallery(live, run) is None  # its own model: kept as it is
+    assert refresh_gallery(other, run)["images"] == 3
+    after = np.load(gallery_path(run))["embeddings"]
+    np.testing.assert_allclose(after, other(images)["embedding"], atol=1e-6)
+    assert np.abs(after - before).max() > 1e-3
+
+    # An exported model: predict rebuilds the index with it, from the folder it records.
+    assert eval_main(["export", "--workdir", str(run), "--output", str(tmp_path / "m.jax")]) == 0
+    (tmp_path / "crops").mkdir()
+    Image.fromarray(np.full((32, 32, 3), 60, np.uint8)).save(tmp_path / "crops" / "crop.png")
+    capsys.readouterr()
+    assert eval_main(["predict", "--exported", str(tmp_path / "m.jax"), "--workdir", str(run), "--input",
+                      str(tmp_path / "crops"), "--output", str(tmp_path / "out"), "--no-progress"]) == 0
+    assert "rebuilt" in capsys.readouterr().out
+    exported = load_exported(tmp_path / "m.jax")
+    assert json.loads(str(np.load(gallery_path(run))["built_with"]))["model"] == exported.identity
+    np.testing.assert_allclose(np.load(gallery_path(run))["embeddings"], exported(images)["embedding"], atol=1e-5)
+
+    # The references gone: the checkpoint's predict is refused, naming both models and the rebuild.
+    shutil.move(tmp_path / "refs", tmp_path / "moved")
+    assert eval_main(["predict", "--workdir", str(run), "--input", str(tmp_path / "crops"), "--output",
+                      str(tmp_path / "out2"), "--mesh", "data=8", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"export sha256 {exported.meta['sha256'][:12]}" in err and "checkpoint step 3 (float32" in err, err
+    assert f"python -m triskele.eval gallery --workdir {run} --input" in err, err
+
+
+def test_crops_listed_from_two_folders_get_a_row_each(trained, tmp_path):
+    for folder, level in (("x/a", 40), ("y/b", 200)):
+        (tmp_path / folder).mkdir(parents=True)
+        Image.fromarray(np.full((32, 32, 3), level, np.uint8)).save(tmp_path / folder / "crop.png")
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "crops.txt").write_text("../x/a/crop.png\n../y/b/crop.png\n")
+    listing = tmp_path / "lists" / "crops.txt"
+    assert eval_main(["predict", "--workdir", str(trained), "--input", str(listing), "--output", str(tmp_path / "out"),
+                      "--mesh", "data=8", "--no-progress"]) == 0
+    rows = {r["image"]: r for r in csv.DictReader((tmp_path / "out" / "predictions.csv").open())}
+    assert set(rows) == {"x/a/crop.png", "y/b/crop.png"}
+    assert rows["x/a/crop.png"]["top1_probability"] != rows["y/b/crop.png"]["top1_probability"]

@@ -45,11 +45,11 @@ class DeepfakeIO:
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES} | set(VIDEO_SUFFIXES)))
 
     def units(self, root: Path, files: list[Path]):
-        from triskele.eval.engine import Unit
+        from triskele.eval.engine import Unit, file_units
         from triskele.eval.inputs import relative_name
         from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
-        units = [Unit(relative_name(f, root), (f,)) for f in files if f.suffix.lower() in VIDEO_SUFFIXES]
+        units = file_units(root, [f for f in files if f.suffix.lower() in VIDEO_SUFFIXES])
         folders: dict[Path, list[Path]] = {}
         for frame in (f for f in files if f.suffix.lower() not in VIDEO_SUFFIXES):
             folders.setdefault(frame.parent, []).append(frame)

@@ -19,7 +19,9 @@ class MarsIO:
     """One class-index PNG per image at its exact size, every pixel predicted: the frame scaled by
     the run's `mars.scale`, windows of the model's input at `stride`, their logits averaged where
     they overlap and resized back to the image (bilinear), then argmax; `tta` 'flip' averages the
-    probabilities of the mirrored pass; `overlay` also writes NAME.overlay.png."""
+    probabilities of the mirrored pass; `overlay` also writes NAME.overlay.png. NAME: the input's
+    path under the inputs' root, its suffix replaced (kept where two inputs share a stem:
+    `triskele.eval.inputs`)."""
 
     def __init__(self, meta: dict[str, Any], stride: int | None = None, tta: str | None = None,
                  overlay: bool = False):
@@ -37,10 +39,16 @@ class MarsIO:
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
 
     def units(self, root: Path, files: list[Path]):
-        from triskele.eval.engine import Unit
-        from triskele.eval.inputs import relative_name
+        from triskele.eval.engine import JOB_FILES, file_units
+        from triskele.eval.inputs import refuse_clashes
 
-        return [Unit(relative_name(f, root), (f,)) for f in files]
+        units = file_units(root, files)
+        refuse_clashes({u.key: self._names(u) for u in units}, JOB_FILES)
+        return units
+
+    def _names(self, unit) -> list[str]:
+        """The mask's name, and the overlay's when asked for."""
+        return [unit.named(".png")] + ([unit.named(".overlay.png")] if self.overlay else [])
 
     def _frame(self, path: Path) -> np.ndarray:
         from triskele.models.preprocess import to_frame
@@ -77,7 +85,7 @@ class MarsIO:
 
         frame_shape, native_shape = context
         mask = self.probabilities(outputs["logits"], frame_shape, native_shape).argmax(-1).astype(np.uint8)
-        name = str(Path(unit.key).with_suffix(".png"))
+        name = unit.named(".png")
         buffer = io.BytesIO()
         Image.fromarray(mask).save(buffer, format="PNG")
         write_atomically(out_dir / name, buffer.getvalue())
@@ -87,7 +95,7 @@ class MarsIO:
             buffer = io.BytesIO()
             image = resize_bilinear(self._frame(unit.paths[0]), *native_shape)
             Image.fromarray(blended(image, mask)).save(buffer, format="PNG")
-            row["overlay"] = str(Path(unit.key).with_suffix(".overlay.png"))
+            row["overlay"] = unit.named(".overlay.png")
             write_atomically(out_dir / row["overlay"], buffer.getvalue())
         return row
 

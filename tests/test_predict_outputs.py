@@ -1,0 +1,96 @@
+"""Predict's output names and model identities without a trained model (issue 35, items 2-4): keys
+relative to the inputs' common root, the input's suffix kept where two inputs share a stem, clashes
+refused before anything runs, and an identity for a checkpoint and an export."""
+
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+from trainutil import mesh_of
+from triskele.eval.engine import input_units
+from triskele.eval.exported import load_exported
+from triskele.eval.model import LiveModel
+from triskele.train.run import restore_params
+
+LEGACY = Path(__file__).parent / "fixtures" / "legacy"
+MARS_META = {"image_size": 16, "channels": 1, "options": {"scale": 1.0}}
+
+
+def _picture(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((20, 20), 100, np.uint8)).save(path)
+    return path
+
+
+def _mars(**options):
+    from triskele.eval.domains.mars import predict_io
+
+    return predict_io(MARS_META, options)
+
+
+def test_inputs_listed_from_two_folders_are_named_from_their_common_root(tmp_path):
+    first, second = _picture(tmp_path / "x" / "a" / "img.png"), _picture(tmp_path / "y" / "b" / "img.png")
+    listing = tmp_path / "lists" / "inputs.txt"
+    listing.parent.mkdir()
+    listing.write_text(f"{first}\n../y/b/img.png\n")
+    units = input_units(_mars(), listing)
+    assert [u.key for u in units] == ["x/a/img.png", "y/b/img.png"]
+    assert [u.paths[0].resolve() for u in units] == [first.resolve(), second.resolve()]
+
+
+def test_inputs_of_one_stem_keep_their_suffix_in_their_outputs_names(tmp_path):
+    for name in ("frame.jpg", "frame.png", "other.jpg", "sub/frame.png"):
+        _picture(tmp_path / "in" / name)
+    units = {u.key: u for u in input_units(_mars(overlay=True), tmp_path / "in")}
+    assert {key: u.named(".png") for key, u in units.items()} == {
+        "frame.jpg": "frame.jpg.png", "frame.png": "frame.png.png", "other.jpg": "other.png",
+        "sub/frame.png": "sub/frame.png"}
+    assert units["frame.jpg"].named(".overlay.png") == "frame.jpg.overlay.png"
+
+
+def test_outputs_that_would_clash_are_refused_up_front_naming_both_inputs(tmp_path):
+    _picture(tmp_path / "in" / "x.png")
+    _picture(tmp_path / "in" / "x.overlay.png")
+    assert len(input_units(_mars(), tmp_path / "in")) == 2  # no overlays: no clash
+    with pytest.raises(ValueError, match=r"inputs x.overlay.png and x.png would both write x.overlay.png"):
+        input_units(_mars(overlay=True), tmp_path / "in")
+
+    from triskele.eval.domains.merch import predict_io as merch_io
+
+    _picture(tmp_path / "shelves" / "summary.png")
+    (tmp_path / "shelves" / "summary.json").write_text('{"rows": [["a"]]}')
+    meta = {"image_size": 16, "class_names": ["a"], "channels": 3}
+    with pytest.raises(ValueError, match=r"input summary.png would write summary.json, which predict writes itself"):
+        input_units(merch_io(meta, {}, None), tmp_path / "shelves")
+
+
+def test_two_inputs_of_one_name_are_refused_up_front_naming_both(tmp_path):
+    from triskele.eval.domains.deepfake import predict_io as deepfake_io
+
+    root = tmp_path / "v"
+    for frame in ("0.png", "1.png"):
+        _picture(root / frame)  # frames directly under the root: a video named after the root, "v"
+        _picture(root / "v" / frame)  # and a folder of frames named "v" under it
+    io = deepfake_io({"image_size": 16, "frames": 1, "options": {"frames_per_video": 4}}, {})
+    with pytest.raises(ValueError, match=rf"inputs {root} and {root / 'v'} would both be named 'v'"):
+        input_units(io, root)
+
+
+def test_a_checkpoint_is_identified_by_its_step_and_parameters_on_any_mesh(tmp_path):
+    run = shutil.copytree(LEGACY / "mars-run", tmp_path / "mars-run")
+    parts, params, step = restore_params(run, mesh_of("single"))
+    one = LiveModel(parts, params, step=step).identity
+    assert one["step"] == 2 and one["format"] == "float32" and len(one["params_sha256"]) == 64
+    parts, params, step = restore_params(run, mesh_of("data=2,tensor=4"))
+    assert LiveModel(parts, params, step=step).identity == one
+    nudged = dict(params, classify=jax.tree.map(lambda a: a + np.float32(1e-6), params["classify"]))
+    other = LiveModel(parts, nudged, step=step).identity
+    assert other["step"] == one["step"] and other["params_sha256"] != one["params_sha256"]
+
+
+def test_an_export_is_identified_by_its_sha256():
+    exported = load_exported(LEGACY / "mars.jax")
+    assert exported.identity == {"export_sha256": exported.meta["sha256"], "step": exported.meta["step"]}
