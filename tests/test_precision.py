@@ -68,8 +68,8 @@ def lowered_train_step(precision: str) -> str:
 
 
 def test_the_fp8_train_step_lowers_to_fp8_dot_generals_and_bfloat16_to_none(devices):
-    dots = [line[line.rindex(":"):] for line in lowered_train_step("fp8").splitlines()
-            if "stablehlo.dot_general" in line]
+    fp8 = lowered_train_step("fp8")
+    dots = [line[line.rindex(":"):] for line in fp8.splitlines() if "stablehlo.dot_general" in line]
     forward = [d for d in dots if re.search(r"\(tensor<[^>]*f8E4M3FN>, tensor<[^>]*f8E4M3FN>\)", d)]
     backward = [d for d in dots if "f8E5M2" in d]
     # The scanned block appears once: its QKV (one fused matmul), attention output, MLP up and MLP
@@ -78,6 +78,7 @@ def test_the_fp8_train_step_lowers_to_fp8_dot_generals_and_bfloat16_to_none(devi
     assert len(forward) == 4, forward
     assert len(backward) == 8, backward
     assert all(re.search(r"f8E4M3FN>.*f8E5M2|f8E5M2>.*f8E4M3FN", d) for d in backward)
+    assert re.search(r"f8E[45]M", fp8)  # positive control of the check below: it finds the fp8 step's types
     assert not re.search(r"f8E[45]M", lowered_train_step("bfloat16"))
 
 

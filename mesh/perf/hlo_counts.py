@@ -209,6 +209,34 @@ class ProgramCost:
         return json.dumps(self.to_dict())
 
 
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective instruction of a compiled program."""
+
+    kind: str
+    """all-reduce, all-gather, reduce-scatter, collective-permute or all-to-all (async or not)."""
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    """(dtype, dims) of every array in its result (a combined collective has several; an async
+    start's result holds its operands too)."""
+    times: int
+    """Executions per execution of the program (the trip counts of the loops around it)."""
+
+
+def collectives(hlo_text: str) -> list[Collective]:
+    """Every collective of a compiled program (`compiled.as_text()`) that runs, with its result shapes."""
+    computations, entry = _parse(hlo_text)
+    multiplier = _multipliers(computations, entry)
+    found = []
+    for name, computation in computations.items():
+        for instruction in computation.instructions:
+            kind = instruction.op.removesuffix("-start")
+            if kind in COLLECTIVES and multiplier.get(name, 0):
+                shapes = tuple((dtype, tuple(int(d) for d in dims.split(",") if d))
+                               for dtype, dims in _SHAPE.findall(instruction.shape) if _dtype_bytes(dtype) is not None)
+                found.append(Collective(kind, shapes, multiplier[name]))
+    return found
+
+
 def program_cost(hlo_text: str, num_devices: int) -> ProgramCost:
     """FLOPs and collective bytes of one device's compiled program (`compiled.as_text()`)."""
     computations, entry = _parse(hlo_text)
