@@ -15,6 +15,13 @@ Communication is one collective-permute per iteration (the rotation, a `ppermute
 `pipeline` axis) and one broadcast of the finished outputs at the end: the loop-back and output
 buffers have a slot per stage, so the values the rotation brings to stage 0 are stored where
 they arrived instead of being broadcast to every stage each iteration.
+
+With FSDP, a stage's weights are sharded over `fsdp` too. By default (`gather_once`) they are
+all-gathered over `fsdp` once per step, before the loop, and stay whole (still split over
+`pipeline` and `tensor`) for all its iterations; otherwise XLA gathers each layer's weights inside
+the loop, forward and backward, in every one of the v*M + P - 1 iterations. Gathering once costs
+memory: the stage's weights and their gradients whole over `fsdp` for the step (MaxText's
+`pipeline_fsdp_ag_once`).
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax.sharding import PartitionSpec
-from triskele.mesh.logical import UNCONSTRAINED, constrain
+from triskele.mesh.logical import LOGICAL_RULES, UNCONSTRAINED, MeshAxes, constrain, logical_to_mesh
 
 
 def schedule_iterations(stages: int, repeats: int, microbatches: int) -> int:
@@ -66,18 +74,57 @@ def rotate_stages(x: jax.Array) -> jax.Array:
     return jax.shard_map(shift, in_specs=spec, out_specs=spec, axis_names={"pipeline"})(x)
 
 
+def _without_fsdp(axes: MeshAxes) -> MeshAxes:
+    kept = tuple(a for a in ((axes,) if isinstance(axes, str) else axes or ()) if a != "fsdp")
+    return kept[0] if len(kept) == 1 else kept or None
+
+
+RULES_WITHOUT_FSDP = tuple((name, _without_fsdp(axes)) for name, axes in LOGICAL_RULES)
+"""The rule table with `fsdp` taken out: a parameter's sharding after an all-gather over fsdp."""
+
+
+def weight_names(layer_params: Any) -> list[tuple[str | None, ...]]:
+    """The logical axis names of each leaf of a tree of NNX variables, in `jax.tree.leaves` order."""
+    variables = jax.tree.leaves(layer_params, is_leaf=lambda v: isinstance(v, nnx.Variable))
+    names = [v.get_metadata("out_sharding", None) if isinstance(v, nnx.Variable) else None for v in variables]
+    if any(n is None for n in names):
+        raise ValueError("pipeline.gather_once needs the stage weights as NNX variables with logical axis names "
+                         "(created with triskele.mesh.partitioned); pass the blocks' nnx.State")
+    return [tuple(n) for n in names]
+
+
+def gathered_over_fsdp(weights: Any, names: list[tuple[str | None, ...]]) -> Any:
+    """`weights` (leaves (repeats, stages, L, ...)) constrained to their sharding without `fsdp`:
+    under a mesh with fsdp > 1, one all-gather per leaf where this runs. `names`: each leaf's
+    logical names as a parameter (the trailing ones name the dimensions after the layer axes)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get("fsdp", 1) == 1:
+        return weights
+    leaves, treedef = jax.tree.flatten(weights)
+
+    def gather(w: jax.Array, leaf_names: tuple[str | None, ...]) -> jax.Array:
+        trailing = leaf_names[len(leaf_names) - (w.ndim - 3):] if w.ndim > 3 else ()
+        spec = logical_to_mesh(("repeats", "stage", None, *trailing), w.shape, mesh, RULES_WITHOUT_FSDP)
+        return jax.lax.with_sharding_constraint(w, spec)
+
+    return jax.tree.unflatten(treedef, [gather(w, n) for w, n in zip(leaves, names, strict=True)])
+
+
 def circular_pipeline(
     stage_fn: Callable[[Any, jax.Array], jax.Array],
     layer_params: Any,
     x: jax.Array,
     stages: int,
     microbatches: int,
+    gather_once: bool = False,
 ) -> jax.Array:
     """Applies all layers to x (batch first) through the circular schedule.
 
     `layer_params`: a tree whose leaves lead with (repeats, stages * L), layers in order, the
     second axis sharded over `pipeline` (so that the split into stages moves no weights);
     `stage_fn(params, h)`: applies one stage's L layers (leaves leading with L) to h.
+    `gather_once`: gather the weights over `fsdp` once, before the loop (see the module doc); the
+    leaves of `layer_params` must then be NNX variables carrying their logical axis names.
     """
     repeats, per_repeat = jax.tree.leaves(layer_params)[0].shape[:2]
     check_schedule(repeats * per_repeat, stages, repeats, microbatches, x.shape[0])
@@ -85,6 +132,8 @@ def circular_pipeline(
     weights = jax.tree.map(
         lambda w: constrain(w.reshape(repeats, stages, per_stage, *w.shape[2:]),
                             "repeats", "stage", *([UNCONSTRAINED] * (w.ndim - 1))), layer_params)
+    if gather_once:
+        weights = gathered_over_fsdp(weights, weight_names(layer_params))
     rest = x.shape[1:]
     trailing = [None] * len(rest)
     # Microbatch j takes rows j, j+M, ...: every device's rows spread over the microbatches.

@@ -60,6 +60,8 @@ class ViTConfig:
     """Stages on the `pipeline` mesh axis; 1 runs the layers with a plain scan."""
     pipeline_repeats: int = 1
     pipeline_microbatches: int = 1
+    pipeline_gather_once: bool = True
+    """With FSDP, each stage's weights are gathered once per step, not in every pipeline iteration."""
 
     @classmethod
     def named(cls, size: str, **overrides) -> ViTConfig:
@@ -223,7 +225,8 @@ def run_blocks(blocks: Block, x: jax.Array, cfg: ViTConfig) -> jax.Array:
     if cfg.pipeline_stages > 1:
         if cfg.pipeline_repeats == 1:
             state = jax.tree.map(lambda a: a[None], state)
-        return circular_pipeline(layers, state, x, cfg.pipeline_stages, cfg.pipeline_microbatches)
+        return circular_pipeline(layers, state, x, cfg.pipeline_stages, cfg.pipeline_microbatches,
+                                 cfg.pipeline_gather_once)
     if cfg.pipeline_repeats > 1:
         state = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), state)
     return jax.lax.scan(layer, x, state)[0]

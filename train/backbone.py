@@ -22,7 +22,7 @@ def vit_config(config: Config, pipeline_stages: int = 1) -> ViTConfig:
         fp8=config.precision == "fp8", quantization=m.quantization,
         norm_eps=m.norm_eps if m.norm_eps is not None else DEFAULT_NORM_EPS,
         pipeline_stages=pipeline_stages, pipeline_repeats=config.pipeline.repeats,
-        pipeline_microbatches=config.pipeline.microbatches,
+        pipeline_microbatches=config.pipeline.microbatches, pipeline_gather_once=config.pipeline.gather_once,
     )
     if m.depth is not None:
         overrides["depth"] = m.depth

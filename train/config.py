@@ -99,6 +99,11 @@ class PipelineConfig:
 
     microbatches: int = 4
     repeats: int = 1
+    gather_once: bool = True
+    """With fsdp > 1: all-gather each stage's weights over fsdp once per step, before the schedule's
+    loop, instead of in each of its repeats x microbatches + stages - 1 iterations (forward and
+    backward). Faster; costs the stage's weights and gradients whole over fsdp for the step: set
+    false when that does not fit (`python -m triskele.train.tools.plan` prices both)."""
 
 
 @dataclasses.dataclass

@@ -99,6 +99,12 @@ class ParamBytes:
         return self.blocks + self.other
 
 
+def pipeline_block_gathers(stages: int, repeats: int, microbatches: int) -> int:
+    """Times a pipeline stage's weights are gathered over fsdp per step when they are not gathered
+    once: in every iteration of the schedule, for the forward and again for the backward."""
+    return 2 * schedule_iterations(stages, repeats, microbatches)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepCollectives:
     """Minimum bytes one device sends per training step, by what they are for."""
@@ -106,7 +112,9 @@ class StepCollectives:
     data_all_reduce: float
     """Gradients summed over `data` (and over `pipeline` for what every stage holds whole)."""
     fsdp_all_gather: float
-    """Weights gathered over `fsdp` once for the forward and backward."""
+    """Weights gathered over `fsdp` once for the forward and backward; with a pipeline that does not
+    gather once (`pipeline.gather_once=false`), each stage's weights twice (forward and backward) in
+    each of the schedule's iterations."""
     fsdp_reduce_scatter: float
     """Gradients reduce-scattered over `fsdp`."""
     tensor_all_reduce: float
@@ -140,6 +148,7 @@ def step_collectives(
     microbatches: int = 1,
     repeats: int = 1,
     remat: str = "dots",
+    gather_once: bool = True,
 ) -> StepCollectives:
     records_local = global_batch // mesh.batch_shards
     activation = records_local * shape.images_per_record * shape.tokens * shape.width * activation_bytes
@@ -152,10 +161,13 @@ def step_collectives(
         permute = 2.0 * schedule_iterations(mesh.pipeline, repeats, microbatches) * activation / microbatches
         broadcast = 2.0 * ring_all_reduce(mesh.pipeline, activation)
     gathered = params.blocks_fsdp_gathered + params.other_fsdp_gathered
+    block_gathers = 1 if gather_once or mesh.pipeline == 1 else pipeline_block_gathers(mesh.pipeline, repeats,
+                                                                                       microbatches)
     return StepCollectives(
         data_all_reduce=ring_all_reduce(mesh.data, params.blocks)
         + ring_all_reduce(mesh.data * mesh.pipeline, params.other),
-        fsdp_all_gather=all_gather(mesh.fsdp, gathered),
+        fsdp_all_gather=all_gather(mesh.fsdp, params.other_fsdp_gathered)
+        + block_gathers * all_gather(mesh.fsdp, params.blocks_fsdp_gathered),
         fsdp_reduce_scatter=reduce_scatter(mesh.fsdp, gathered),
         tensor_all_reduce=tensor + head_in,
         tensor_all_gather=head_out,
@@ -205,12 +217,14 @@ def step_memory(
     remat: str,
     optimizer_moments: float = 2,
     records_alive: float | None = None,
+    gather_once: bool = True,
 ) -> StepMemory:
     """Parameters, gradients and Adam's moments in float32 as sharded; activations saved for the
     backward of the device's layers (with `remat`, only each block's input, plus one block's worth
     recomputed at a time; `dots` keeps the matmul outputs only). `records_alive`: records whose
     activations are kept at once (default the device's whole batch; gradient accumulation keeps one
-    microbatch, a 1F1B pipeline the microbatches in flight)."""
+    microbatch, a 1F1B pipeline the microbatches in flight). A pipeline that gathers its weights
+    once (`gather_once`) holds its stage's weights and their gradients whole over fsdp for the step."""
     local = global_batch // mesh.batch_shards if records_alive is None else records_alive
     images = local * shape.images_per_record
     layers = shape.depth / mesh.pipeline
@@ -219,9 +233,10 @@ def step_memory(
     kept = {"none": block, "dots": dots_kept_bytes(shape, images, mesh.tensor, activation_bytes),
             "full": block_input}[remat]
     activations = layers * kept + (block if remat != "none" else 0.0)
+    gathered = params.blocks_fsdp_gathered - params.blocks if gather_once and mesh.pipeline > 1 else 0.0
     return StepMemory(
-        params=params.local,
-        gradients=params.local,
+        params=params.local + gathered,
+        gradients=params.local + gathered,
         optimizer=optimizer_moments * params.local,
         activations=activations,
     )

@@ -24,6 +24,7 @@ from triskele.mesh.perf.formulas import (
     ParamBytes,
     StepMemory,
     activation_traffic_bytes,
+    pipeline_block_gathers,
     step_collectives,
     step_memory,
     train_flops,
@@ -116,10 +117,14 @@ class Candidate:
     """FLOPs per device per step the program runs (remat recomputation and pipeline bubble included)."""
     collective_bytes: dict[str, float]
     """Bytes each device sends per step, by collective kind."""
+    gather_once: bool = True
+    """`pipeline.gather_once`: a pipeline stage's weights gathered over fsdp once per step, or in
+    every iteration of the schedule."""
 
     def row(self) -> dict:
         return {"mesh": str(self.mesh), "microbatches": self.microbatches if self.mesh.pipeline > 1 else "",
                 "repeats": self.repeats if self.mesh.pipeline > 1 else "",
+                "gather_once": self.gather_once if self.mesh.pipeline > 1 and self.mesh.fsdp > 1 else "",
                 "grad_accum": self.microbatches if self.mesh.pipeline == 1 else 1,
                 "remat": self.remat, "memory_GB": self.memory.total / 1e9, "fits": "yes" if self.fits else "NO",
                 "compute_ms": 1e3 * self.compute_s, "comm_ms": 1e3 * sum(self.comm_s.values()),
@@ -209,13 +214,16 @@ def elementwise_seconds(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, r
     return traffic / inputs.gpu.memory_bandwidth
 
 
-def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str) -> Candidate:
-    """One configuration's prediction. Without a pipeline, `microbatches` is gradient accumulation."""
+def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str,
+             gather_once: bool = True) -> Candidate:
+    """One configuration's prediction. Without a pipeline, `microbatches` is gradient accumulation;
+    `gather_once`: with a pipeline, `pipeline.gather_once` (weights gathered over fsdp once per step,
+    held whole; or per iteration, forward and backward)."""
     shape, batch = inputs.shape, inputs.global_batch
     params = inputs.param_bytes(mesh)
     act = inputs.activation_bytes
     memory = step_memory(shape, mesh, batch, params, act, remat, inputs.optimizer_state,
-                         records_alive(inputs, mesh, microbatches))
+                         records_alive(inputs, mesh, microbatches), gather_once)
     budget = (inputs.memory_bytes or inputs.gpu.memory_bytes) * USABLE_MEMORY
     flops = train_flops(shape, batch)
     peak = inputs.gpu.peak_flops[inputs.compute] * inputs.efficiency
@@ -223,12 +231,16 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
     accumulation = 1 if mesh.pipeline > 1 else microbatches
     compute = flops.executed_per_device(mesh, pipeline_microbatches, repeats, remat) / peak
     compute += elementwise_seconds(inputs, mesh, pipeline_microbatches, repeats, remat)
-    sent = step_collectives(shape, mesh, batch, params, act, pipeline_microbatches, repeats, remat)
+    sent = step_collectives(shape, mesh, batch, params, act, pipeline_microbatches, repeats, remat, gather_once)
     if inputs.schedule == "1f1b":  # Megatron-LM's scatter/gather: each tensor rank sends 1/tensor of it
         sent = dataclasses.replace(sent, pipeline_broadcast=0.0, pipeline_permute=sent.pipeline_permute / mesh.tensor)
     fsdp_passes = accumulation  # weights gathered (and gradients reduce-scattered) per microbatch
-    sent = dataclasses.replace(sent, fsdp_all_gather=sent.fsdp_all_gather * inputs.fsdp_gathers * fsdp_passes,
-                               fsdp_reduce_scatter=sent.fsdp_reduce_scatter * fsdp_passes)
+    per_iteration = mesh.pipeline > 1 and not gather_once  # the formula counts the backward's gathers then
+    sent = dataclasses.replace(
+        sent, fsdp_all_gather=sent.fsdp_all_gather * (1 if per_iteration else inputs.fsdp_gathers) * fsdp_passes,
+        fsdp_reduce_scatter=sent.fsdp_reduce_scatter * fsdp_passes)
+    block_gathers = (pipeline_block_gathers(mesh.pipeline, repeats, pipeline_microbatches) if per_iteration
+                     else inputs.fsdp_gathers)
     links = {axis: axis_link(mesh, axis, inputs) for axis in ("data", "fsdp", "tensor", "pipeline")}
     layers = shape.depth / mesh.pipeline
     per_block = 4 + (1 if remat == "full" else 0)
@@ -236,7 +248,7 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
     latency = {
         "data": math.ceil(params.local / GRADIENT_BUCKET_BYTES)
         * collective_latency("all-reduce", mesh.data, links["data"][1]),
-        "fsdp": layers * fsdp_passes * (inputs.fsdp_gathers + 1) * inputs.fsdp_collectives_per_layer
+        "fsdp": layers * fsdp_passes * (block_gathers + 1) * inputs.fsdp_collectives_per_layer
         * collective_latency("all-gather", mesh.fsdp, links["fsdp"][1]),
         "tensor": per_block * layers * microbatches * collective_latency("all-reduce", mesh.tensor, links["tensor"][1]),
         "pipeline": 2 * iterations * collective_latency("all-gather", 2, links["pipeline"][1])
@@ -259,7 +271,7 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
         bubble=bubble_fraction(mesh.pipeline, repeats, microbatches) if mesh.pipeline > 1 else 0.0,
         mfu=model_flops / (step * inputs.gpu.peak_flops[inputs.compute]), images_per_s=batch / step,
         executed_flops=flops.executed_per_device(mesh, microbatches, repeats, remat),
-        collective_bytes=sent.by_kind(),
+        collective_bytes=sent.by_kind(), gather_once=gather_once,
     )
 
 
@@ -276,13 +288,15 @@ def candidates(inputs: PlanInputs) -> list[Candidate]:
 
 def best_for_mesh(inputs: PlanInputs, mesh: MeshSpec, any_fit: bool = False) -> Candidate | None:
     """A mesh's fastest valid schedule with the lightest remat policy that fits; with `any_fit`, the
-    fastest that does not fit when none does (None: no valid schedule, or nothing fits)."""
+    fastest that does not fit when none does (None: no valid schedule, or nothing fits). A pipeline
+    with fsdp is priced both gathering its weights once per step and in every iteration."""
     options = []
-    for microbatches, repeats in schedules(mesh, inputs):
+    gather_options = (True, False) if mesh.pipeline > 1 and mesh.fsdp > 1 else (True,)
+    for (microbatches, repeats), gather_once in itertools.product(schedules(mesh, inputs), gather_options):
         if inputs.validate is not None and inputs.validate(mesh, microbatches, repeats):
             continue
         for remat in inputs.remat_options:
-            candidate = evaluate(inputs, mesh, microbatches, repeats, remat)
+            candidate = evaluate(inputs, mesh, microbatches, repeats, remat, gather_once)
             options.append(candidate)
             if candidate.fits:
                 break

@@ -131,6 +131,8 @@ def pick_flags(best: Candidate) -> str:
     flags = f"--mesh {best.mesh}"
     if best.mesh.pipeline > 1:
         flags += f" --set pipeline.microbatches={best.microbatches} --set pipeline.repeats={best.repeats}"
+        if not best.gather_once:
+            flags += " --set pipeline.gather_once=false"
     elif best.microbatches > 1:
         flags += f" --set optim.grad_accum={best.microbatches}"
     return flags + f" --set model.remat={best.remat}"
@@ -142,5 +144,6 @@ def apply_pick(config: Config, best: Candidate) -> Config:
     return dataclasses.replace(
         config, mesh=str(best.mesh), model=dataclasses.replace(config.model, remat=best.remat),
         optim=dataclasses.replace(config.optim, grad_accum=best.microbatches if best.mesh.pipeline == 1 else 1),
-        pipeline=dataclasses.replace(config.pipeline, microbatches=best.microbatches, repeats=best.repeats)
+        pipeline=dataclasses.replace(config.pipeline, microbatches=best.microbatches, repeats=best.repeats,
+                                     gather_once=best.gather_once)
         if best.mesh.pipeline > 1 else config.pipeline)

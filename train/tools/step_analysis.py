@@ -54,8 +54,9 @@ def predict(parts: RunParts, mesh: Mesh | jax.sharding.AbstractMesh | None = Non
     params = param_bytes(abstract_params(parts), mesh)
     act = activation_bytes(config.precision)
     collectives = step_collectives(shape, sizes, config.data.global_batch, params, act,
-                                   pipeline.microbatches, pipeline.repeats, config.model.remat)
-    memory = step_memory(shape, sizes, config.data.global_batch, params, act, config.model.remat)
+                                   pipeline.microbatches, pipeline.repeats, config.model.remat, pipeline.gather_once)
+    memory = step_memory(shape, sizes, config.data.global_batch, params, act, config.model.remat,
+                         gather_once=pipeline.gather_once)
     return Prediction(
         model_flops_per_device=flops.per_device(sizes),
         executed_flops_per_device=flops.executed_per_device(sizes, pipeline.microbatches, pipeline.repeats,
