@@ -31,6 +31,7 @@ from triskele.train.data.pipeline import train_batches
 from triskele.train.evaluation import scalar_metrics
 from triskele.train.precision import fp8_note
 from triskele.train.pretrained import load_pretrained, resolve_norm_eps
+from triskele.train.resume_check import check_resume
 from triskele.train.run import RunParts, prepare
 from triskele.train.state import TrainState
 
@@ -94,17 +95,30 @@ def train(
     workdir.mkdir(parents=True, exist_ok=True)
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
         parts = prepare(config, mesh, resolve_auto_mesh)
-        if jax.process_index() == 0:
-            config.save(workdir / "config.json")
         checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
         log = RunLog(workdir)
         try:
+            _check_saved_configs(config, checkpoints)  # before config.json is rewritten or anything restored
+            if jax.process_index() == 0:
+                config.save(workdir / "config.json")
             return _train(parts, workdir, checkpoints, log, progress, stop_after_step)
         finally:
             try:
                 checkpoints.close()
             finally:
                 log.close()
+
+
+def _check_saved_configs(config: Config, checkpoints: Checkpoints) -> None:
+    """ConfigChanged (exit 2) if `config` changes a key that sets shapes, state dtypes or the data order
+    from any checkpoint's own config; before anything is restored, moved aside or written. A checkpoint
+    whose config does not read is left to the restore, which moves it aside as damaged."""
+    for step in sorted(checkpoints.all_steps(), reverse=True):
+        try:
+            saved = checkpoints.restore_config(step)
+        except ValueError:
+            continue
+        check_resume(saved, config, step, checkpoints.directory)
 
 
 def _restore_or_init(parts: RunParts, checkpoints: Checkpoints) -> TrainState:
