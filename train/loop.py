@@ -168,7 +168,8 @@ class _Events:
         self.restart_clock(int(summary.final_step))
 
     def restart_clock(self, step: int) -> None:
-        """images/s counts training from here (not compilation, not evaluation)."""
+        """images/s counts the steps after `step` over the seconds from now (compilation before it not
+        counted; `evaluate` takes its own seconds out)."""
         self.last_log_time, self.last_log_step = time.perf_counter(), step
 
     def check_finite(self, records: list[tuple[int, dict[str, float]]]) -> None:
@@ -211,6 +212,7 @@ class _Events:
     def evaluate(self, done: int, state: TrainState) -> dict[str, float]:
         """The evaluation split's metrics, logged and plotted."""
         config = self.parts.config
+        started = time.perf_counter()
         totals = self.evaluator.accumulate(state.params, self.eval_source)
         metrics = scalar_metrics(self.evaluator, totals)
         if config.data.bad_records == "skip":
@@ -220,7 +222,7 @@ class _Events:
         self.log.write({"step": done, **metrics})
         if self.log.enabled:
             write_plots(self.log.workdir)
-        self.restart_clock(self.last_log_step)
+        self.last_log_time += time.perf_counter() - started  # the interval's steps stay counted, its evaluation not
         return metrics
 
     def save(self, done: int, state: TrainState, eval_metrics: dict[str, float] | None) -> None:
