@@ -95,3 +95,9 @@ def test_the_allowed_keys_that_touch_the_step_leave_the_state_layout_alone(key, 
 
 def test_state_layout_control_a_fixed_key_changes_it():
     assert state_layout(**{"model.depth": 4}) != state_layout()
+
+
+@pytest.mark.parametrize("preset, key, value", [("mars-tiny", "mars.label_agreement", 1),
+                                                ("deepfake-tiny", "deepfake.eval_methods", "Sharpen")])
+def test_a_domains_evaluation_only_options_may_change_on_resume(preset, key, value):
+    assert changed_keys(resolved(preset).to_dict(), resolved(preset, **{key: value})) == []

@@ -32,7 +32,8 @@ FIXED_KEYS = (
 """Keys that set parameter shapes (the model's sizes, its classes, the stacked layers' repeats),
 state dtypes (a quantized copy), or the data order (which records each step reads, and their
 augmentation randomness). Every option of the run's domain is fixed too (`<domain>.<key>`: they
-choose its data or its heads; shared code names none of them)."""
+choose its data or its heads; shared code names none of them), but those its spec lists in
+`resume_options` (what only evaluation reads)."""
 
 
 class ConfigChanged(ValueError):
@@ -45,8 +46,10 @@ def _value(config: Config, key: str) -> Any:
 
 
 def fixed_keys(config: Config) -> list[str]:
-    """FIXED_KEYS and the domain's options, as `--set` spells them."""
-    return [*FIXED_KEYS, *(f"{config.domain}.{f.name}" for f in dataclasses.fields(config.options))]
+    """FIXED_KEYS and the domain's options but those its spec lets change on resume, as `--set` spells them."""
+    free = set(get_domain(config.domain).resume_options)
+    return [*FIXED_KEYS, *(f"{config.domain}.{f.name}" for f in dataclasses.fields(config.options)
+                           if f.name not in free)]
 
 
 def _saved_config(saved: Mapping[str, Any]) -> Config:

@@ -57,6 +57,9 @@ class Domain:
     """Flags `python -m triskele.eval` adds for this domain; each sets a config key of the evaluation."""
     predict_flags: tuple[Flag, ...] = ()
     """Flags `python -m triskele.eval predict` adds for this domain, handed to its `predict_io` as options."""
+    resume_options: tuple[str, ...] = ()
+    """Its options that only evaluation reads, which a relaunch may change (the others choose the
+    training data or the model and are refused on resume)."""
     clips: bool = False
     """Its models take clips of `model.frames` images per record (a video model) when frames > 1."""
     prepare: Command | None = None

@@ -87,5 +87,5 @@ DEEPFAKE = register(Domain(
     evaluate_flags=(Flag("--holdout", "evaluate only this manipulation method's fakes (with all reals)",
                          metavar="METHOD", key="deepfake.eval_methods"),),
     predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),),
-    clips=True, prepare=PREPARE,
+    resume_options=("eval_methods",), clips=True, prepare=PREPARE,
 ))

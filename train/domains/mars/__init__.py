@@ -70,6 +70,7 @@ MARS = register(Domain(
     options=MarsOptions, preset={"model.channels": 1, "checkpoint.best_metric": "eval_loss"},
     build_model=build_model, open_split=open_split, class_names=lambda config: list(CLASS_NAMES),
     evaluator=MarsEvaluator, metric_names=NAMES, inference="triskele.eval.domains.mars", resolve=resolve,
+    resume_options=("label_agreement",),
     predict_flags=(
         Flag("--stride", "sliding-window stride in pixels (default 2/3 window)", type=int),
         Flag("--tta", "average with the mirrored pass", choices=("flip",)),
