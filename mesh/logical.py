@@ -70,10 +70,12 @@ def logical_to_mesh(
 ) -> PartitionSpec:
     """The PartitionSpec for a tuple of logical names (None = replicated dimension).
 
-    With `mesh`, mesh axes of size 1 are left out and, with `shape` too, a rule whose mesh axes do
-    not divide the dimension is passed over for the next rule of that name.
+    With `mesh`, mesh axes of size 1 and manual axes (inside `shard_map`, where an array is already
+    that axis's shard) are left out and, with `shape` too, a rule whose mesh axes do not divide the
+    dimension is passed over for the next rule of that name.
     """
     known = {name for name, _ in rules}
+    manual = set(mesh.manual_axes) if mesh is not None else set()
     used: set[str] = set()
     spec: list[MeshAxes] = []
     for dim, name in enumerate(names):
@@ -90,7 +92,7 @@ def logical_to_mesh(
                 continue
             candidate = _as_tuple(axes)
             if mesh is not None:
-                candidate = tuple(a for a in candidate if mesh.shape[a] > 1)
+                candidate = tuple(a for a in candidate if mesh.shape[a] > 1 and a not in manual)
             if used.intersection(candidate):
                 continue
             if shape is not None and mesh is not None and candidate:

@@ -20,6 +20,9 @@ def _loss_terms(graphdef: nnx.GraphDef, params: dict, batch: Batch) -> tuple[jax
     return nnx.merge(graphdef, params).loss_terms(batch)
 
 
+_value_and_grad = jax.value_and_grad(_loss_terms, argnums=1, has_aux=True)
+
+
 def _microbatches(batch: Batch, count: int) -> Batch:
     """(B, ...) -> (count, B/count, ...); microbatch j takes rows j, j+count, ... so that every
     device's rows spread evenly over microbatches and no data moves between devices."""
@@ -31,26 +34,44 @@ def _microbatches(batch: Batch, count: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
+def _accumulated(graphdef: nnx.GraphDef, params: dict, batch: Batch, grad_accum: int):
+    """(sum of losses, sum of weights, gradient of the sum) of `batch`, one microbatch at a time."""
+
+    def body(carry, micro):
+        total, weight, grads = carry
+        (t, w), g = _value_and_grad(graphdef, params, micro)
+        return (total + t, weight + w, jax.tree.map(jnp.add, grads, g)), None
+
+    zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+    (total, weight, grads), _ = jax.lax.scan(body, zeros, _microbatches(batch, grad_accum))
+    return total, weight, grads
+
+
 def summed_gradients(graphdef: nnx.GraphDef, params: dict, batch: Batch, grad_accum: int):
     """(sum of losses, sum of weights, gradient of the sum), over `grad_accum` sequential microbatches.
 
     Sums, not means, so that k microbatches give exactly the update of one batch of the same rows.
+    With accumulation on a mesh whose `data` axis is > 1, each `data` shard accumulates its own
+    rows' gradients (a `shard_map` manual over `data` only; fsdp, tensor and pipeline stay with
+    XLA, so fsdp's gradient reduction still runs per microbatch) and one psum over `data` follows
+    the loop: one data-parallel all-reduce per step, not one per microbatch (big_vision's
+    accumulate_gradient). A shard's rows j, j+k, ... are the rows of global microbatch j, since
+    every shard holds a multiple of k rows: the microbatches are the same as without the shard_map.
     """
-    value_and_grad = jax.value_and_grad(_loss_terms, argnums=1, has_aux=True)
     if grad_accum == 1:
-        (total, weight), grads = value_and_grad(graphdef, params, batch)
+        (total, weight), grads = _value_and_grad(graphdef, params, batch)
         return total, weight, grads
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get("data", 1) == 1:
+        return _accumulated(graphdef, params, batch, grad_accum)
 
-    def body(carry, micro):
-        total, weight, grads = carry
-        (t, w), g = value_and_grad(graphdef, params, micro)
-        return (total + t, weight + w, jax.tree.map(jnp.add, grads, g)), None
+    def per_shard(params: dict, batch: Batch):
+        return jax.lax.psum(_accumulated(graphdef, params, batch, grad_accum), "data")
 
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    (total, weight, grads), _ = jax.lax.scan(
-        body, (jnp.zeros(()), jnp.zeros(()), zeros), _microbatches(batch, grad_accum)
-    )
-    return total, weight, grads
+    # check_vma=False: the gradient of the replicated parameters stays this shard's own (with the
+    # check, their implicit broadcast over `data` transposes to a psum inside the loop).
+    return jax.shard_map(per_shard, in_specs=(PartitionSpec(), PartitionSpec("data")), out_specs=PartitionSpec(),
+                         axis_names={"data"}, check_vma=False)(params, batch)
 
 
 def make_train_step(

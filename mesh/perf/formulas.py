@@ -110,7 +110,8 @@ class StepCollectives:
     """Minimum bytes one device sends per training step, by what they are for."""
 
     data_all_reduce: float
-    """Gradients summed over `data` (and over `pipeline` for what every stage holds whole)."""
+    """Gradients summed over `data` (and over `pipeline` for what every stage holds whole), once per
+    step at any `optim.grad_accum` (each data shard accumulates its own microbatches first)."""
     fsdp_all_gather: float
     """Weights gathered over `fsdp` once for the forward and backward; with a pipeline that does not
     gather once (`pipeline.gather_once=false`), each stage's weights twice (forward and backward) in
