@@ -142,3 +142,23 @@ def test_metrics_fetched_at_log_steps_equal_those_fetched_every_step(tmp_path, d
         window = [every[s]["loss"] for s in range(step - 2, step + 1)]
         assert third[step]["loss_mean"] == pytest.approx(np.mean(window), rel=1e-6)
         assert third[step]["tflops_per_device"] > 0 and "mfu" not in third[step]  # CPU: no known peak
+
+
+def test_skipped_steps_do_not_advance_the_logged_learning_rate(tmp_path, monkeypatch, devices):
+    """The logged lr is the rate the update uses: the schedule at the optimizer's own count, which
+    a skipped step does not advance; after k skips, step s logs schedule(s - 1 - k)."""
+    from triskele.train.optim import learning_rate_schedule
+
+    load, bad = TrainStepLoader.__call__, {3, 4}  # 1-based steps whose batch is all NaN
+    monkeypatch.setattr(TrainStepLoader, "__call__", lambda self, step: {
+        **load(self, step), **({"image": np.full_like(load(self, step)["image"], np.nan)} if step + 1 in bad else {})})
+    options = {"run.steps": 8, "run.on_nonfinite": "skip", "optim.warmup_steps": 4}
+    run(tmp_path, "data=8", **options)
+    records = step_records(tmp_path)
+    schedule = learning_rate_schedule(small_config(**options).optim, 8)
+    assert [records[s]["skipped_steps"] for s in range(1, 9)] == [0, 0, 1, 1, 0, 0, 0, 0]
+    for s in range(1, 9):
+        skips = len([b for b in bad if b < s])
+        assert records[s]["lr"] == pytest.approx(float(schedule(s - 1 - skips)), rel=1e-6), s
+    # Warm-up (lr x t / 4) makes the two counts distinguishable: step 5 applies t = 2, not t = 4.
+    assert records[5]["lr"] == pytest.approx(1e-3 * 2 / 4, rel=1e-6)

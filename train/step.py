@@ -74,6 +74,17 @@ def summed_gradients(graphdef: nnx.GraphDef, params: dict, batch: Batch, grad_ac
                          axis_names={"data"}, check_vma=False)(params, batch)
 
 
+def _schedule_count(opt_state: Any) -> jax.Array:
+    """The count the optimizer's learning-rate schedule is at: the updates applied so far, which a
+    skipped step (`run.on_nonfinite=skip`) does not advance, unlike the state's step counter."""
+    states = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByScheduleState))
+              if isinstance(s, optax.ScaleByScheduleState)]
+    if len(states) != 1:
+        raise ValueError(f"the optimizer holds {len(states)} learning-rate schedule states (optax.scale_by_schedule); "
+                         "the train step logs the lr of exactly one: build it with triskele.train.optim.make_optimizer")
+    return states[0].count
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
@@ -84,7 +95,8 @@ def make_train_step(
     mesh: Mesh,
     skip_nonfinite: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
-    """`train_step(state, batch) -> (state, metrics)`, state donated; metrics: loss, grad_norm, lr.
+    """`train_step(state, batch) -> (state, metrics)`, state donated; metrics: loss, grad_norm, lr
+    (the rate this step's update uses: the schedule at the optimizer's own count).
 
     `skip_nonfinite`: a step whose loss or gradient is not finite keeps the parameters and the
     optimizer state as they were (decided on the device, no host round trip) and reports
@@ -99,7 +111,7 @@ def make_train_step(
         metrics = {
             "loss": total / weight,
             "grad_norm": optax.tree.norm(grads),
-            "lr": jnp.asarray(schedule(state.step), jnp.float32),
+            "lr": jnp.asarray(schedule(_schedule_count(state.opt_state)), jnp.float32),
         }
         if skip_nonfinite:
             finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
