@@ -48,7 +48,8 @@ def _predict(parser):
     parser.add_argument("--workers", type=int, default=0, help="input worker processes (default 0: threads)")
     parser.add_argument("--threads", type=int, default=4, help="input threads when --workers is 0 (default 4)")
     parser.add_argument("--prefetch", type=int, default=8, help="inputs read ahead of the model (default 8)")
-    parser.add_argument("--overwrite", action="store_true", help="predict inputs whose outputs exist again")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="predict every input again, also with another model or options than OUT's manifest")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     flags = {name: domain.predict_flags for name, domain in domains().items()}
     add_domain_flags(parser, flags)
