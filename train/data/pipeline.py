@@ -105,18 +105,28 @@ def train_batches(
     return prefetched(grain.MapDataset.range(start_step, stop_step).map(loader), threads, prefetch, workers)
 
 
+GRAIN_HANDOVER = 4
+"""Elements per worker process in Grain's hand-over to the consumer, beyond the worker's own
+read-ahead: one waiting in the worker, one in its process queue, one in the consumer's buffer
+for that worker and one waiting there (`per_worker_buffer_size=1`, the least Grain takes)."""
+
+
 def prefetched(dataset: grain.MapDataset, threads: int, prefetch: int, workers: int) -> Iterator[Any]:
-    """The dataset's elements in order, produced ahead by `threads` threads (at most `prefetch`
-    ahead) or by `workers` worker processes."""
+    """The dataset's elements in order, computed ahead by `threads` threads, at most `prefetch` ahead;
+    with `workers` > 0 in that many worker processes, each with its own `threads` threads and
+    `prefetch` read-ahead, so at most workers x (prefetch + GRAIN_HANDOVER) elements are held."""
+    prefetch = max(prefetch, 1)
+    # More threads than buffered elements would idle: Grain warns and runs only `prefetch` of them.
+    options = grain.ReadOptions(num_threads=min(max(threads, 1), prefetch), prefetch_buffer_size=prefetch)
+    iterable = dataset.to_iter_dataset(options)
     if workers > 0:
         # Grain reads an Abseil flag in its workers; a program not started by absl.app has not
         # parsed flags, which Grain <= 0.2.18 turns into UnparsedFlagAccessError (google/grain#1355).
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
-        iterable = dataset.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-    else:
-        options = grain.ReadOptions(num_threads=max(threads, 1), prefetch_buffer_size=max(prefetch, 1))
-        iterable = dataset.to_iter_dataset(options)
+        # Without `options` above each worker would read ahead with Grain's defaults (16 threads,
+        # 500 elements).
+        iterable = iterable.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=1))
     return iter(iterable)
 
 
