@@ -1,6 +1,7 @@
 """`python -m triskele.eval export`: a checkpoint's inference function as a `jax.export` artifact.
 
-The exported program is the model's `serve` (mars: per-pixel class probabilities; deepfake: the
+The exported program is the model's `export_outputs` where it has one, else its `serve` (mars:
+per-pixel class logits and probabilities; deepfake: the
 fake probability; merch: class probabilities and the retrieval embedding) with the weights baked
 in as constants; the batch dimension is fixed or symbolic (`--batch dynamic`). Load it with
 `triskele.eval.load_exported`, which needs neither this package's models nor the checkpoint.
@@ -49,7 +50,8 @@ def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dy
     leading = jax.export.symbolic_shape("batch") if batch_size is None else (batch_size,)
     spec = jax.ShapeDtypeStruct((*leading, *per_record), jnp.float32)
     targets = tuple(platforms.split(",")) if platforms else None
-    exported = jax.export.export(jax.jit(model.serve), platforms=targets)(spec)
+    # A model may export more than predict reads (mars: its probabilities beside the logits).
+    exported = jax.export.export(jax.jit(getattr(model, "export_outputs", model.serve)), platforms=targets)(spec)
     payload = exported.serialize()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

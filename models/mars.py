@@ -87,7 +87,13 @@ class TerrainSegmenter(nnx.Module):
         return jnp.sum(nll * weight), jnp.sum(weight)
 
     def serve(self, images: jax.Array) -> dict[str, jax.Array]:
-        """What inference returns: per-pixel class logits and probabilities (B, H, W, 4); sliding-window
-        inference averages the logits of overlapping windows."""
+        """What predict and evaluation read: per-pixel class logits (B, H, W, 4); sliding-window
+        inference averages the logits of overlapping windows and the writers take their argmax (or,
+        for --tta, their softmax) on the host, so nothing else crosses to the host."""
+        return {"logits": self(images)}
+
+    def export_outputs(self, images: jax.Array) -> dict[str, jax.Array]:
+        """What an exported artifact returns: the logits and the per-pixel class probabilities
+        (B, H, W, 4), for serving clients that read probabilities without post-processing."""
         logits = self(images)
         return {"logits": logits, "probabilities": jax.nn.softmax(logits, axis=-1)}

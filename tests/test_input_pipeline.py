@@ -111,21 +111,61 @@ def _settled_count(folder, first, limit=120.0):
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["threads", "workers"])
-def test_elements_computed_ahead_are_bounded_by_the_prefetch_depth(tmp_path, workers):
+@pytest.mark.parametrize("reader", ["train", "eval"])
+def test_elements_computed_ahead_are_bounded_by_the_prefetch_depth(tmp_path, reader, workers):
     from triskele.train.data.pipeline import GRAIN_HANDOVER, epoch_permutation
 
     # One record per element (global batch 1), so files count elements; 2000 elements, where
     # Grain's defaults inside a worker compute 500 ahead (505 with its hand-over).
     source, prefetch = Touching(tmp_path, 2000), 2
-    batches = train_batches(source, 1, 0, 0, 2000, (0, 1), threads=2, prefetch=prefetch, workers=workers)
-    first = epoch_permutation(0, 0, 2000)[: max(workers, 1)]
+    if reader == "train":
+        batches = train_batches(source, 1, 0, 0, 2000, (0, 1), threads=2, prefetch=prefetch, workers=workers)
+        first = epoch_permutation(0, 0, 2000)[: max(workers, 1)]
+    else:
+        batches = eval_batches(source, 1, (0, 1), threads=2, prefetch=prefetch, workers=workers)
+        first = range(max(workers, 1))
     next(batches)
     computed = _settled_count(tmp_path, first)
     # threads: the one consumed and `prefetch` ahead; workers: each worker's `prefetch` ahead and
     # Grain's hand-over of 4 (measured: 3 and 13, exactly these bounds; 1009 with Grain's defaults
-    # in the workers).
+    # in the workers; evaluation computed 1, in the main thread, before it read through Grain).
     bound = 1 + prefetch if workers == 0 else 1 + workers * (prefetch + GRAIN_HANDOVER)
     batches.close()
     assert computed <= bound, (computed, bound)
     assert computed > 1  # it does read ahead
 
+
+def test_batch_evaluation_reads_ahead_in_grain_threads_and_scores_every_record_once():
+    import threading
+    import types
+
+    import jax
+    import jax.numpy as jnp
+    from trainutil import mesh_of
+    from triskele.train.evaluation import BatchEvaluator
+
+    class Recording(Counting):
+        """Record 7 was found unreadable; notes whether each load ran in the main thread."""
+
+        def __init__(self, n):
+            super().__init__(n)
+            self.bad, self.in_main = {7: "truncated"}, set()
+
+        def load(self, index, rng=None):
+            self.in_main.add(threading.current_thread() is threading.main_thread())
+            return super().load(index, rng)
+
+    def eval_step(params, batch):
+        valid = batch["valid"]
+        return {"loss_sum": jnp.sum(batch["index"] * valid), "weight": jnp.sum(valid)}, {"valid": valid,
+                                                                                        "index": batch["index"]}
+
+    data = types.SimpleNamespace(global_batch=16, threads=2, prefetch=2, workers=0)
+    parts = types.SimpleNamespace(config=types.SimpleNamespace(data=data), mesh=mesh_of("data=8"),
+                                  eval_step=jax.jit(eval_step))
+    source = Recording(37)  # 3 batches of 16, the last one padded
+    totals = BatchEvaluator(parts, lambda totals: {}).accumulate(None, source)
+    kept = [i for i in range(37) if i != 7]
+    assert totals["index"].tolist() == kept and totals["weight"] == 36 and totals["loss_sum"] == sum(kept)
+    assert totals["unreadable"] == 1
+    assert source.in_main == {False}  # decoded in Grain's threads, not serially in the main thread

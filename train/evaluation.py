@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 from triskele.mesh import host_to_global, process_rows
-from triskele.train.data.pipeline import Source, eval_batches
+from triskele.train.data.pipeline import Source, eval_batches, eval_rows
 from triskele.train.metrics import MetricsFn, flatten
 
 Totals = dict[str, np.ndarray]
@@ -51,8 +51,9 @@ def scalar_metrics(evaluator: Evaluator, totals: Totals) -> dict[str, float]:
 
 class BatchEvaluator:
     """The model's `eval_stats` over the split's fixed-size records in batches of the run's global
-    batch (padding masked out): sums added up, per-record values concatenated in record order; the
-    domain's `metrics_fn` reads them."""
+    batch (padding masked out), read ahead as training reads (`data.threads`, `data.prefetch`,
+    `data.workers`): sums added up, per-record values concatenated in record order; the domain's
+    `metrics_fn` reads them."""
 
     def __init__(self, parts: Any, metrics_fn: MetricsFn):
         self.parts, self.metrics_fn = parts, metrics_fn
@@ -64,12 +65,17 @@ class BatchEvaluator:
 
     def accumulate(self, params: Any, source: Source) -> Totals:
         parts = self.parts
-        batch_size = parts.config.data.global_batch
+        data = parts.config.data
+        batch_size = data.global_batch
         rows = process_rows(parts.mesh, batch_size)
         totals: dict[str, np.ndarray] = {}
         records: dict[str, list[np.ndarray]] = {}
+        unreadable = 0
+        batches = eval_batches(source, batch_size, rows, data.threads, data.prefetch, data.workers)
         with jax.set_mesh(parts.mesh):
-            for local in eval_batches(source, batch_size, rows):
+            for b, local in enumerate(batches):
+                real = int((eval_rows(b, batch_size, rows) < len(source)).sum())
+                unreadable += real - int(local["valid"].sum())  # counted here: worker processes keep their own notes
                 sums, per_record = jax.device_get(parts.eval_step(params, host_to_global(local, parts.mesh,
                                                                                           batch_size)))
                 for key, value in sums.items():
@@ -77,10 +83,10 @@ class BatchEvaluator:
                 keep = np.asarray(per_record.pop("valid")) > 0
                 for key, value in per_record.items():
                     records.setdefault(key, []).append(np.asarray(value)[keep])
-        unreadable = {"unreadable": len(source.bad)} if hasattr(source, "bad") else {}
+        left_out = {"unreadable": unreadable} if hasattr(source, "bad") else {}
         names = getattr(source, "family_names", None)
         families = {"family_names": np.array(names)} if names is not None else {}
-        return {**totals, **unreadable, **families, **{key: np.concatenate(value) for key, value in records.items()}}
+        return {**totals, **left_out, **families, **{key: np.concatenate(value) for key, value in records.items()}}
 
     def metrics(self, totals: Totals) -> dict[str, Any]:
         return self.metrics_fn(totals)

@@ -134,15 +134,34 @@ def num_eval_batches(num_records: int, global_batch: int) -> int:
     return -(-num_records // global_batch)
 
 
-def eval_batches(source: Source, global_batch: int, rows: tuple[int, int]) -> Iterator[dict[str, np.ndarray]]:
-    """Every record exactly once, in order; the last batch is padded and its padding has valid=0, as
-    has a record the source found unreadable (`data.bad_records=skip`: it has a `bad` index set)."""
-    start, stop = rows
-    for b in range(num_eval_batches(len(source), global_batch)):
-        indices = np.arange(b * global_batch, (b + 1) * global_batch)[start:stop]
-        valid = indices < len(source)
-        records = [source.load(int(i) if ok else 0) for i, ok in zip(indices, valid, strict=True)]
+def eval_rows(b: int, global_batch: int, rows: tuple[int, int]) -> np.ndarray:
+    """The global record indices of this process's rows of evaluation batch b (past the split's end: padding)."""
+    return np.arange(b * global_batch, (b + 1) * global_batch)[rows[0] : rows[1]]
+
+
+class EvalBatchLoader:
+    """Evaluation batch b -> this process's rows of records [b*B, (b+1)*B) (picklable for Grain
+    workers); rows past the split's end are padding (record 0 again, valid 0), as is a record the
+    source found unreadable (`data.bad_records=skip` notes it in `source.bad` as it loads)."""
+
+    def __init__(self, source: Source, global_batch: int, rows: tuple[int, int]):
+        self.source, self.global_batch, self.rows = source, global_batch, rows
+
+    def __call__(self, b: int) -> dict[str, np.ndarray]:
+        indices = eval_rows(b, self.global_batch, self.rows)
+        valid = indices < len(self.source)
+        records = [self.source.load(int(i) if ok else 0) for i, ok in zip(indices, valid, strict=True)]
         batch = stack_records(records)
-        unreadable = getattr(source, "bad", {})
-        batch["valid"] = (valid & ~np.isin(indices, list(unreadable))).astype(np.float32)
-        yield batch
+        unreadable = getattr(self.source, "bad", {})
+        readable = np.array([int(i) not in unreadable for i in indices], bool)  # `in`: safe while other threads add
+        batch["valid"] = (valid & readable).astype(np.float32)
+        return batch
+
+
+def eval_batches(source: Source, global_batch: int, rows: tuple[int, int], threads: int = 4, prefetch: int = 4,
+                 workers: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Every record exactly once, in order, loaded ahead as training's batches are (`prefetched`);
+    the last batch is padded and its padding has valid=0, as has an unreadable record."""
+    loader = EvalBatchLoader(source, global_batch, rows)
+    dataset = grain.MapDataset.range(num_eval_batches(len(source), global_batch)).map(loader)
+    return prefetched(dataset, threads, prefetch, workers)
