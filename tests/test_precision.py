@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import relative_error
 from trainutil import run, step_records
-from triskele.models.fp8 import E4M3_MAX, fp8_dot
+from triskele.mesh import make_mesh
+from triskele.models.fp8 import E4M3_MAX, fp8_dot, scaled_cast
 from triskele.train import make_config
 from triskele.train.precision import fp8_note
 from triskele.train.run import prepare
@@ -116,3 +117,59 @@ def test_fp8_on_eight_devices_agrees_with_one(tmp_path, devices):
         assert relative_error(eight[step]["loss"], one[step]["loss"]) < 5e-4
         assert relative_error(eight[step]["grad_norm"], one[step]["grad_norm"]) < 1e-2
     assert one[5]["loss"] < one[1]["loss"]
+
+
+# One all-reduce whose results are float32 scalars only: an amax (or a loss) reduced over devices.
+SCALAR_ALL_REDUCE = re.compile(r"= \(?f32\[\](?:, f32\[\])*\)? all-reduce(?:-start)?\(")
+ALL_REDUCE = re.compile(r" all-reduce(?:-start)?\(")
+
+
+def all_reduces(hlo_text: str) -> tuple[int, int]:
+    """(all-reduce instructions, those of float32 scalars only) in a compiled program's text."""
+    lines = hlo_text.splitlines()
+    count = lambda pattern: sum(bool(pattern.search(line)) for line in lines)
+    return count(ALL_REDUCE), count(SCALAR_ALL_REDUCE)
+
+
+def test_fp8_scales_each_devices_rows_without_an_all_reduce(devices):
+    """At data=8 the fp8 step has bfloat16's all-reduces (the gradients'), none of them a scalar
+    amax; before, a global amax per cast made it 11, 9 of float32 scalars only."""
+    counts = {}
+    for precision in ("bfloat16", "fp8"):
+        config = make_config("mars-tiny", {"precision": precision, "model.image_size": 32, "model.depth": 2,
+                                           "mesh": "data=8"})
+        counts[precision] = all_reduces(lower_train_step(prepare(config)).compile().as_text())
+    assert counts["fp8"] == counts["bfloat16"] and counts["fp8"][1] == 0, counts
+    # Positive control: a per-tensor amax of a batch-sharded activation is a scalar all-reduce.
+    mesh = make_mesh("data=8")
+    x = jax.device_put(jnp.ones((16, 64)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+    global_cast = jax.jit(lambda x: scaled_cast(x, jnp.float8_e4m3fn, E4M3_MAX))
+    assert all_reduces(global_cast.lower(x).compile().as_text())[1] >= 1
+
+
+def test_fp8_per_device_scales_give_the_numbers_of_one_device(devices):
+    """Rows whose amax differ by 10x across the 8 data shards: each shard's power-of-two scale
+    rounds its values as one global scale does, so y, dx and dw match the unsharded matmul to float
+    reassociation; a scale of amax / 448 per shard (not a power of two) rounds differently (4e-2 here)."""
+    k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+    spread = jnp.repeat(10.0 ** jnp.linspace(0, 1, 8), 2)[:, None]
+    x = (spread * jax.random.normal(k1, (16, 64))).astype(jnp.bfloat16)
+    w = jax.random.normal(k2, (64, 32)).astype(jnp.bfloat16)
+    g = jax.random.normal(k3, (16, 32))
+    loss = lambda x, w: jnp.sum(fp8_dot(x, w, 1).astype(jnp.float32) * g)
+    both = jax.jit(lambda x, w: (fp8_dot(x, w, 1), *jax.grad(loss, (0, 1))(x, w)))
+    one = both(x, w)
+    mesh = make_mesh("data=8")
+    with jax.set_mesh(mesh):
+        eight = both(jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))), w)
+    for a, b in zip(eight, one, strict=True):
+        assert relative_error(np.asarray(a, np.float32), np.asarray(b, np.float32)) < 1e-5
+    # Control: scaling each shard's rows by their own amax / 448 instead changes the rounding.
+    blocks = np.asarray(x, np.float32).reshape(8, 2, 64)
+    linear = np.concatenate([np.asarray(jnp.asarray(b / (np.abs(b).max() / E4M3_MAX)).astype(jnp.float8_e4m3fn),
+                                        np.float32) * (np.abs(b).max() / E4M3_MAX) for b in blocks])
+    pow2 = np.concatenate([np.asarray(scaled_cast(jnp.asarray(b), jnp.float8_e4m3fn, E4M3_MAX)[0], np.float32)
+                           * float(scaled_cast(jnp.asarray(b), jnp.float8_e4m3fn, E4M3_MAX)[1]) for b in blocks])
+    whole_q, whole_scale = scaled_cast(jnp.asarray(blocks.reshape(16, 64)), jnp.float8_e4m3fn, E4M3_MAX)
+    whole = np.asarray(whole_q, np.float32) * float(whole_scale)
+    assert relative_error(pow2, whole) < 1e-6 < 1e-3 < relative_error(linear, whole)
