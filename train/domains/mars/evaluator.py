@@ -10,13 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import grain
 import numpy as np
 from PIL import Image
 from triskele.mesh.chunks import run_groups
 from triskele.models.mars import DEFAULT_CLASS_WEIGHTS, IGNORE_LABEL, NUM_CLASSES
 from triskele.models.preprocess import square_crop_box
 from triskele.models.sliding import default_stride, extract_windows, resize_bilinear
-from triskele.train.data.pipeline import Source
+from triskele.train.data.pipeline import Source, prefetched
 from triskele.train.domains.mars.frames import frame_logits, runner_of, whole_frames
 from triskele.train.domains.mars.metrics import confusion_metrics
 from triskele.train.domains.mars.pictures import overlay, plot_confusion
@@ -47,18 +48,24 @@ class MarsEvaluator:
         self.window = parts.config.model.image_size
         self.stride = default_stride(self.window)
 
+    def _group(self, source: Source, index: int) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+        """(record, its windows) of frame `index`; None for an unreadable one (noted in `source.bad`)."""
+        record = source.load(index)
+        if index in getattr(source, "bad", {}):
+            return None
+        windows = extract_windows(record["image"], self.window, self.stride)
+        if self.compare_square:
+            label, image = squeezed(record, self.window)
+            windows = np.concatenate([windows, image[None]])
+            record = {**record, "square_label": label}
+        return record, windows
+
     def _groups(self, source: Source):
-        skip = getattr(source, "bad", {})
-        for index in range(len(source)):
-            record = source.load(index)  # a bad record is noted in `skip` as it loads
-            if index in skip:
-                continue
-            windows = extract_windows(record["image"], self.window, self.stride)
-            if self.compare_square:
-                label, image = squeezed(record, self.window)
-                windows = np.concatenate([windows, image[None]])
-                record = {**record, "square_label": label}
-            yield record, windows
+        """Every readable frame's windows, decoded ahead in the run's loader threads (`data.threads`,
+        `data.prefetch`), in order."""
+        data = self.parts.config.data
+        dataset = grain.MapDataset.range(len(source)).map(lambda index: self._group(source, index))
+        return (group for group in prefetched(dataset, data.threads, data.prefetch, 0) if group is not None)
 
     def accumulate(self, params: Any, source: Source) -> dict[str, Any]:
         confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), np.float64)
