@@ -23,7 +23,9 @@ def _common(parser: argparse.ArgumentParser, workdir_required: bool = True) -> N
 
 def _evaluate(parser):
     parser.add_argument("--data", help="on-disk dataset (default: the run's own data)")
-    parser.add_argument("--split", default="test", help="split to evaluate (default test)")
+    parser.add_argument("--split", default="test",
+                        help="split to evaluate: test (default; the report's), val (held out of the training "
+                             "data: what training selected its best checkpoint on) or train")
     flags = {name: domain.evaluate_flags for name, domain in domains().items()}
     add_domain_flags(parser, flags)
 

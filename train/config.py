@@ -59,7 +59,12 @@ class DataConfig:
     """Records in the synthetic training split."""
     eval_size: int = 512
     """Records in the synthetic evaluation split."""
-    eval_split: str = "test"
+    eval_split: str = "val"
+    """The split training's periodic evaluation and `checkpoint.best_metric` read: val (held out of
+    the training data); test is read only by `python -m triskele.eval --split test`."""
+    val_fraction: float = 0.1
+    """On-disk data without a val/ split of its own: the share of training records (files, or whole
+    videos) held out as val, chosen by a hash of each record's path or video id."""
     threads: int = 4
     """Threads that load batches ahead of the step."""
     prefetch: int = 4

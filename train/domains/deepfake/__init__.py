@@ -10,6 +10,7 @@ from triskele.models.deepfake import FrameDetector, VideoDetector
 from triskele.train.backbone import vit_config
 from triskele.train.commands import Flag
 from triskele.train.data.pipeline import Source
+from triskele.train.data.splits import check_split
 from triskele.train.domains import Domain, register
 from triskele.train.domains.deepfake.data import FAMILIES, FaceFrames, SyntheticFaces
 from triskele.train.domains.deepfake.evaluator import DeepfakeEvaluator
@@ -30,7 +31,8 @@ class DeepfakeOptions:
     """A manipulation family/method left out of training (cross-manipulation protocol); with
     `fakes=sbi`, the pool transforms that resemble the family are removed too."""
     eval_methods: str | None = None
-    """Comma-separated methods whose fakes evaluation uses (None: all)."""
+    """Comma-separated methods whose fakes the test split holds (None: all); val, held out of the
+    training data, holds the training methods (less `holdout`)."""
     compression: str = "c23"
     """FaceForensics++ compression folder (raw, c23, c40)."""
 
@@ -54,16 +56,19 @@ def resolve(config) -> None:
 
 def open_split(config, split: str) -> Source:
     options, frames = config.deepfake, config.model.frames
-    self_blended = options.fakes == "sbi" and split == "train"
-    holdout = (options.holdout,) if options.holdout and split == "train" and not self_blended else ()
-    chosen = None if split == "train" else _methods(options.eval_methods)
+    self_blended = options.fakes == "sbi" and check_split(split) == "train"
+    # Validation is held out of training and looks like it (its methods less the held-out family);
+    # eval_methods choose the test split's.
+    holdout = (options.holdout,) if options.holdout and split != "test" and not self_blended else ()
+    chosen = _methods(options.eval_methods) if split == "test" else None
     if config.data.path:
         source = FaceFrames(config.data.path, split, config.model.image_size, options.frames_per_video, frames,
-                            methods=chosen, exclude=holdout, compression=options.compression, reals_only=self_blended)
+                            methods=chosen, exclude=holdout, compression=options.compression, reals_only=self_blended,
+                            val_fraction=config.data.val_fraction)
         if jax.process_index() == 0:
             print(source.report(), flush=True)
     else:
-        families = chosen or (tuple(f for f in FAMILIES if f not in holdout) if split == "train" else None)
+        families = chosen or (tuple(f for f in FAMILIES if f not in holdout) if split != "test" else None)
         size = config.data.train_size if split == "train" else config.data.eval_size
         source = SyntheticFaces(split, size, config.model.image_size,
                                 options.frames_per_video, seed=config.run.seed, families=families, clip_frames=frames)

@@ -21,6 +21,7 @@ from PIL import Image
 from scipy import ndimage
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image
 from triskele.train.data.pipeline import RecordCache
+from triskele.train.data.splits import check_split, hold_out
 from triskele.train.domains.deepfake.faces import crop_face_region
 
 FAMILIES = ("ColorShift", "Exposure", "Resample", "Sharpen")
@@ -316,7 +317,11 @@ class FaceFrames:
     FF++: `original_sequences/youtube/<c>/frames/<vid>/NNN.png` (real) and
     `manipulated_sequences/<Method>/<c>/frames/<a>_<b>/NNN.png` (fake), with `splits/<split>.json`
     (pairs [a, b]: reals a and b, fakes a_b and b_a) when present; without it every video is in
-    every split (reported). Generic: `[<split>/]{real,fake}/<video>/<frame>.png`.
+    every split (reported). Generic: `[<split>/]{real,fake}/<video>/<frame>.png`. Without a val
+    split of its own (`splits/val.json`, a val/ folder), val is the `val_fraction` of the training
+    videos held out by a hash of the video's id: an FF++ pair's reals and fakes (or, without the
+    pairs, real a and the fakes a_*), a generic layout's same-named videos, go together, so no
+    face of a validation video is trained on.
     Records are frames (`clip_frames` 1) or clips of `clip_frames` frames; `frames_per_video`
     frames are sampled uniformly from each video. A record's family is its method (FF++) or
     `fake` (generic). `reals_only` reads the real videos alone (for self-blended training, whose
@@ -325,8 +330,9 @@ class FaceFrames:
 
     def __init__(self, root: str | Path, split: str, image_size: int, frames_per_video: int,
                  clip_frames: int = 1, methods: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
-                 compression: str = "c23", reals_only: bool = False):
-        self.root, self.split, self.image_size = Path(root), split, image_size
+                 compression: str = "c23", reals_only: bool = False, val_fraction: float = 0.0):
+        self.root, self.split, self.image_size = Path(root), check_split(split), image_size
+        self.val_fraction = val_fraction
         self.clip_frames, self.reals_only = clip_frames, reals_only
         if not self.root.is_dir():
             raise ValueError(f"data.path {str(self.root)!r} is not a folder")
@@ -372,12 +378,15 @@ class FaceFrames:
             if name not in available:
                 raise ValueError(f"manipulation method {name!r} not under {fake_root}; methods there: {available}")
         chosen = [m for m in (methods or available) if m not in exclude]
-        split_file = self.root / "splits" / f"{self.split}.json"
+        held_out = self.split != "test" and not (self.root / "splits" / "val.json").is_file()
+        split_file = self.root / "splits" / f"{'train' if held_out else self.split}.json"
+        pair_of: dict[str, str] = {}
         if split_file.is_file():
             try:
                 pairs = json.loads(split_file.read_text())
                 reals = sorted({str(v) for pair in pairs for v in pair})
                 fakes = sorted({f"{a}_{b}" for a, b in pairs} | {f"{b}_{a}" for a, b in pairs})
+                pair_of = {str(v): f"{a}_{b}" for a, b in pairs for v in (a, b)}
             except (json.JSONDecodeError, TypeError, ValueError) as err:
                 raise ValueError(f"split file {split_file} is not a JSON list of [a, b] pairs: {err}") from None
             required = True
@@ -404,17 +413,27 @@ class FaceFrames:
                         )
                     continue
                 videos.append((f"{method}/{vid}", folder, 1))
+        if held_out:
+            first_id = lambda name: name.split("/", 1)[1].split("_")[0]  # real a, fake a_b: a
+            videos = hold_out(videos, lambda v: pair_of.get(first_id(v[0]), first_id(v[0])), self.split,
+                              self.val_fraction)
         return videos
 
     def _generic(self):
-        base = self.root / self.split if (self.root / self.split / "real").is_dir() else self.root
+        folder = lambda split: (self.root / split / "real").is_dir()
+        held_out = self.split != "test" and not folder("val")  # val drawn from the training videos
+        split = "train" if held_out else self.split
+        base = self.root / split if folder(split) else self.root
         if not (base / "real").is_dir() or not (self.reals_only or (base / "fake").is_dir()):
             raise ValueError(f"data.path {str(self.root)!r} matches no deepfake layout: expected original_sequences/ "
-                             f"(FaceForensics++) or [{self.split}/]real/ and fake/ folders of videos")
+                             f"(FaceForensics++) or [{split}/]real/ and fake/ folders of videos")
         if base == self.root:
-            self.notes.append(f"no {self.split}/ folder: every video is in split {self.split!r}")
-        return [(f"{kind}/{p.name}", p, label) for kind, label in (("real", 0), ("fake", 1))
-                if (base / kind).is_dir() for p in sorted((base / kind).iterdir()) if p.is_dir()]
+            self.notes.append(f"no {split}/ folder: every video is in split {self.split!r}")
+        videos = [(f"{kind}/{p.name}", p, label) for kind, label in (("real", 0), ("fake", 1))
+                  if (base / kind).is_dir() for p in sorted((base / kind).iterdir()) if p.is_dir()]
+        if held_out:
+            videos = hold_out(videos, lambda v: v[1].name, self.split, self.val_fraction)
+        return videos
 
     def report(self) -> str:
         videos = len(self.video_names)

@@ -11,6 +11,7 @@ from triskele.models.mars import CLASS_NAMES, TerrainSegmenter
 from triskele.train.backbone import vit_config
 from triskele.train.commands import Flag
 from triskele.train.data.pipeline import Source
+from triskele.train.data.splits import check_split
 from triskele.train.domains import Domain, register
 from triskele.train.domains.mars.data import SyntheticTerrain, TerrainFiles
 from triskele.train.domains.mars.evaluator import MarsEvaluator
@@ -49,10 +50,11 @@ def resolve(config) -> None:
 
 
 def open_split(config, split: str) -> Source:
-    crops = split == "train"
+    crops = check_split(split) == "train"
     if config.data.path:
         files = TerrainFiles(config.data.path, split, config.model.image_size, config.model.channels,
-                             agreement=config.mars.label_agreement, scale=config.mars.scale, crops=crops)
+                             agreement=config.mars.label_agreement, scale=config.mars.scale, crops=crops,
+                             val_fraction=config.data.val_fraction)
         if jax.process_index() == 0:
             print(files.report(), flush=True)
         return files

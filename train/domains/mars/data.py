@@ -21,6 +21,7 @@ from triskele.models.mars import IGNORE_LABEL as IGNORE
 from triskele.models.preprocess import to_frame
 from triskele.train.data.images import IMAGE_SUFFIXES, open_image, read_mask
 from triskele.train.data.pipeline import RecordCache
+from triskele.train.data.splits import check_split, hold_out
 
 _SPLIT_OFFSET = {"train": 0, "val": 1, "test": 2}
 
@@ -186,17 +187,19 @@ def check_label_values(label: np.ndarray, path: Path) -> None:
 class TerrainFiles:
     """Labelled navigation-camera images on disk, in the AI4Mars layout or a generic one.
 
-    AI4Mars (`ROOT/msl/...`): images `images/edr/<stem>.JPG`; labels `labels/train/<stem>.png` or, for
-    the test split, `labels/test/masked-gold-min<k>-100agree/<stem>_merged.png`; the rover mask
+    AI4Mars (`ROOT/msl/...`): images `images/edr/<stem>.JPG`; labels `labels/train/<stem>.png` (the
+    train and val splits: val is the `val_fraction` held out by a hash of the stem) or, for the test
+    split, `labels/test/masked-gold-min<k>-100agree/<stem>_merged.png`; the rover mask
     `images/mxy/` and the beyond-30 m mask `images/rng-30m/` share the stem with EDR replaced by MXY
     and RNG, and set the label to 255 where they are set. Images with no label file are counted and
-    reported, not an error. Generic: `ROOT/[<split>/]images/*.{png,jpg}` + `masks/<stem>.png`.
+    reported, not an error. Generic: `ROOT/[<split>/]images/*.{png,jpg}` + `masks/<stem>.png`; without
+    a val/ folder, val is held out of train/ (or of ROOT) by a hash of the image's relative path.
     """
 
     def __init__(self, root: str | Path, split: str, image_size: int, channels: int = 1, agreement: int = 3,
-                 scale: float = 1.0, crops: bool = False):
-        self.root, self.split, self.image_size, self.channels = Path(root), split, image_size, channels
-        self.scale, self.crops = scale, crops
+                 scale: float = 1.0, crops: bool = False, val_fraction: float = 0.0):
+        self.root, self.split, self.image_size, self.channels = Path(root), check_split(split), image_size, channels
+        self.scale, self.crops, self.val_fraction = scale, crops, val_fraction
         if not self.root.is_dir():
             raise ValueError(f"data.path {str(self.root)!r} is not a folder")
         if (self.root / "msl").is_dir():
@@ -216,10 +219,10 @@ class TerrainFiles:
         images = msl / "images" / "edr"
         if not images.is_dir():
             raise ValueError(f"AI4Mars layout at {self.root}: missing folder {images}")
-        if self.split == "train":
-            label_dir, suffix = msl / "labels" / "train", ""
-        else:
+        if self.split == "test":
             label_dir, suffix = msl / "labels" / "test" / f"masked-gold-min{agreement}-100agree", "_merged"
+        else:
+            label_dir, suffix = msl / "labels" / "train", ""
         if not label_dir.is_dir():
             raise ValueError(f"AI4Mars layout at {self.root}: split {self.split!r} needs label folder {label_dir}")
         image_by_stem = {p.stem: p for p in images.iterdir() if p.suffix in IMAGE_SUFFIXES}
@@ -233,10 +236,15 @@ class TerrainFiles:
             records.append((image_by_stem[stem], label, [m for m in masks if m.exists()]))
         labelled = {r[0].stem for r in records}
         unlabelled = sum(1 for stem in image_by_stem if stem not in labelled)
+        if self.split != "test":
+            records = hold_out(records, lambda r: r[0].stem, self.split, self.val_fraction)
         return records, unlabelled
 
     def _generic(self):
-        base = self.root / self.split if (self.root / self.split / "images").is_dir() else self.root
+        folder = lambda split: (self.root / split / "images").is_dir()
+        held_out = self.split != "test" and not folder("val")  # val drawn from the training records
+        split = "train" if held_out else self.split
+        base = self.root / split if folder(split) else self.root
         images, masks = base / "images", base / "masks"
         if not images.is_dir() or not masks.is_dir():
             raise ValueError(
@@ -250,6 +258,8 @@ class TerrainFiles:
                 raise ValueError(f"mask {mask} has no image {images / mask.stem}.png/.jpg")
             records.append((image_by_stem[mask.stem], mask, []))
         labelled = {r[0].stem for r in records}
+        if held_out:
+            records = hold_out(records, lambda r: str(r[0].relative_to(self.root)), self.split, self.val_fraction)
         return records, sum(1 for stem in image_by_stem if stem not in labelled)
 
     def report(self) -> str:

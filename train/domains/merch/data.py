@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image
+from triskele.train.data.splits import check_split, hold_out
 
 EMPTY = -1
 """SKU id of an empty facing (a gap)."""
@@ -255,26 +256,31 @@ def training_classes(root: str | Path) -> list[str]:
 
 class ProductImages:
     """Product crops on disk: `ROOT/{train,val,test}/<sku>/*.jpg` or `.../<coarse>/<fine>/*.jpg`, and
-    an optional gallery `ROOT/gallery/<sku>/*.jpg` of reference images.
+    an optional gallery `ROOT/gallery/<sku>/*.jpg` of reference images. Without a val/ folder, val is
+    the `val_fraction` of train/'s images held out by a hash of their relative path.
 
     Classes are the model's (`classes`; default: the training split's folders). In an evaluation
     split, crops of training classes are closed-set records; crops of other classes are open-set
     queries, matched against the gallery.
     """
 
-    def __init__(self, root: str | Path, split: str, image_size: int, classes: list[str] | None = None):
-        self.root, self.split, self.size = Path(root), split, image_size
+    def __init__(self, root: str | Path, split: str, image_size: int, classes: list[str] | None = None,
+                 val_fraction: float = 0.0):
+        self.root, self.split, self.size = Path(root), check_split(split), image_size
         self.classes = list(classes) if classes is not None else training_classes(self.root)
         self.num_classes = len(self.classes)
         index = {name: i for i, name in enumerate(self.classes)}
-        split_dir = self.root / split
+        held_out = split != "test" and not (self.root / "val").is_dir()  # val drawn from train/
+        split_dir = self.root / ("train" if held_out else split)
         if not split_dir.is_dir():
-            raise ValueError(f"data.path {str(self.root)!r} has no {split}/ folder")
+            raise ValueError(f"data.path {str(self.root)!r} has no {split_dir.name}/ folder")
         self.records: list[tuple[Path, int, int, str]] = []
         for name, images in class_folders(split_dir).items():
             known = name in index
             kind = -1 if split == "train" else (CLOSED if known else QUERY)
             self.records += [(p, index.get(name, -1), kind, name) for p in images]
+        if held_out:
+            self.records = hold_out(self.records, lambda r: str(r[0].relative_to(self.root)), split, val_fraction)
         gallery_dir = self.root / "gallery"
         self.gallery_names: list[str] = []
         if split != "train" and gallery_dir.is_dir():
