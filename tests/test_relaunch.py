@@ -56,7 +56,8 @@ def resolved(preset: str, **overrides):
 @pytest.mark.parametrize("preset, key, value", [
     ("mars-tiny", "model.depth", 4), ("mars-tiny", "model.image_size", 32), ("mars-tiny", "pipeline.repeats", 2),
     ("mars-tiny", "data.global_batch", 16), ("mars-tiny", "data.train_size", 100), ("mars-tiny", "run.seed", 1),
-    ("mars-tiny", "data.path", "/data/ai4mars"), ("mars-tiny", "model.quantization", "int8"),
+    ("mars-tiny", "data.path", "/data/ai4mars"), ("mars-tiny", "data.val_fraction", 0.2),
+    ("mars-tiny", "model.quantization", "int8"),
     ("merch-tiny", "merch.num_skus", 50), ("deepfake-tiny", "deepfake.frames_per_video", 4),
 ])
 def test_keys_that_set_shapes_dtypes_or_the_data_order_are_named(preset, key, value):

@@ -27,7 +27,7 @@ from triskele.train.domains import get_domain
 FIXED_KEYS = (
     "domain", "model.size", "model.patch", "model.image_size", "model.channels", "model.pool", "model.depth",
     "model.frames", "model.class_names", "model.quantization", "pipeline.repeats",
-    "data.global_batch", "data.train_size", "data.path", "run.seed",
+    "data.global_batch", "data.train_size", "data.path", "data.val_fraction", "run.seed",
 )
 """Keys that set parameter shapes (the model's sizes, its classes, the stacked layers' repeats),
 state dtypes (a quantized copy), or the data order (which records each step reads, and their
