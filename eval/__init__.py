@@ -1,16 +1,14 @@
 """HOW GOOD it is: domain metrics, evaluating checkpoints on any mesh, reports, prediction, export.
 
-`load_exported` is imported eagerly and needs only JAX (a serving process never imports the
-models); the rest loads on first use.
+The names below load on first use: the command line parses without JAX, and `load_exported`
+needs only JAX (a serving process never imports the models).
 """
-
-from triskele.eval.exported import load_exported
 
 __all__ = ["evaluate_checkpoint", "export_model", "load_exported", "predict", "predict_iter"]
 
 _LAZY = {"evaluate_checkpoint": "triskele.eval.evaluate", "predict": "triskele.eval.evaluate",
-         "predict_iter": "triskele.eval.evaluate",
-         "export_model": "triskele.eval.export"}
+         "predict_iter": "triskele.eval.evaluate", "export_model": "triskele.eval.export",
+         "load_exported": "triskele.eval.exported"}
 
 
 def __getattr__(name: str):

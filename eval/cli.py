@@ -5,13 +5,12 @@ own (merch's gallery). Domains add their evaluate and predict flags from their s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-from typing import Any
+from collections.abc import Callable
 
-import jax
-from triskele.eval.model import INFERENCE_BATCH_PER_DEVICE
-from triskele.train.commands import Command, Runner, add_domain_flags, run_command_line
-from triskele.train.domains import domains
+from triskele.train.commands import Command, LazyCommands, Runner, add_domain_flags, run_command_line
+from triskele.train.domains import Domain, domains
 
 
 def _common(parser: argparse.ArgumentParser, workdir_required: bool = True) -> None:
@@ -45,8 +44,7 @@ def _predict(parser):
     parser.add_argument("--exported", metavar="FILE", help="use this exported model instead of a checkpoint "
                                                            "(--workdir still finds what its run keeps beside the "
                                                            "model, e.g. a gallery index)")
-    parser.add_argument("--batch", type=int, help=f"records per batch (default {INFERENCE_BATCH_PER_DEVICE} per "
-                                                  "device on data x fsdp)")
+    parser.add_argument("--batch", type=int, help=_batch_help)
     parser.add_argument("--workers", type=int, default=0, help="input worker processes (default 0: threads)")
     parser.add_argument("--threads", type=int, default=4, help="input threads when --workers is 0 (default 4)")
     parser.add_argument("--prefetch", type=int, default=8, help="inputs read ahead of the model (default 8)")
@@ -68,6 +66,12 @@ def _predict(parser):
         return summary, 1 if summary["unreadable"] else 0
 
     return run
+
+
+def _batch_help() -> str:
+    from triskele.eval.model import INFERENCE_BATCH_PER_DEVICE
+
+    return f"records per batch (default {INFERENCE_BATCH_PER_DEVICE} per device on data x fsdp)"
 
 
 def _distributed(parser: argparse.ArgumentParser) -> None:
@@ -139,6 +143,8 @@ def _printing(command: Command, workdir_required: bool = True) -> Command:
         def printed(args: argparse.Namespace) -> int:
             result = run(args)
             result, code = result if isinstance(result, tuple) else (result, 0)
+            import jax
+
             if jax.process_index() == 0:
                 print(json.dumps(result, indent=2))
             return code
@@ -148,21 +154,37 @@ def _printing(command: Command, workdir_required: bool = True) -> Command:
     return Command(command.summary, build)
 
 
-def commands() -> dict[str, Command]:
-    """The shared commands and every domain's own."""
+def _domain_command(domain: Domain, name: str) -> Command:
+    """The domain's command `name`, from its inference module's COMMANDS (those its spec names)."""
     from triskele.eval.domains import inference_of
 
-    table: dict[str, Any] = dict(SHARED)
+    table = inference_of(domain).COMMANDS
+    if set(table) != set(domain.eval_commands):
+        raise TypeError(f"domain {domain.name!r}: its inference module's COMMANDS are {', '.join(table) or 'none'}, "
+                        f"its spec's eval_commands {', '.join(domain.eval_commands) or 'none'}")
+    return table[name]
+
+
+def _printing_loaded(load: Callable[[], Command], workdir_required: bool) -> Callable[[], Command]:
+    return lambda: _printing(load(), workdir_required)
+
+
+def commands() -> LazyCommands:
+    """The shared commands and every domain's own; a domain's inference module loads only when one
+    of its commands is chosen."""
+    table: dict[str, Callable[[], Command]] = {name: functools.partial(SHARED.__getitem__, name) for name in SHARED}
     for domain in domains().values():
-        for name, command in inference_of(domain).COMMANDS.items():
+        for name in domain.eval_commands:
             if name in table:
                 raise ValueError(f"domain {domain.name!r} declares eval command {name!r}, which exists already")
-            table[name] = command
-    return {name: _printing(command, workdir_required=name != "predict") for name, command in table.items()}
+            table[name] = functools.partial(_domain_command, domain, name)
+    return LazyCommands({name: _printing_loaded(load, workdir_required=name != "predict")
+                         for name, load in table.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
     table = commands()
     default = _printing(Command("Evaluate a checkpoint; writes WORKDIR/eval/<step>/. Commands: " + ", ".join(table),
                                 _evaluate))
-    return run_command_line("python -m triskele.eval", table, default, argv, {ValueError: 2, ConnectionError: 3})
+    return run_command_line("python -m triskele.eval", table, default, argv,
+                            lambda: {ValueError: 2, ConnectionError: 3})

@@ -6,11 +6,8 @@ import argparse
 import functools
 import sys
 
-import jax
-from triskele.train.checkpoint import CheckpointSaveError
-from triskele.train.commands import Command, run_command_line
+from triskele.train.commands import Command, LazyCommands, run_command_line
 from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
-from triskele.train.tools.plan import PLAN
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -90,6 +87,7 @@ def _train(parser: argparse.ArgumentParser, argv: list[str]):
             local_device_ids=[int(i) for i in args.local_device_ids.split(",")] if args.local_device_ids else None,
             timeout_s=args.distributed_timeout, heartbeat_timeout_s=args.heartbeat_timeout,
         ))
+        import jax
         from triskele.train.loop import train
 
         summary = train(config, workdir=args.workdir, progress=not args.no_progress,
@@ -121,11 +119,14 @@ def _prepare(parser: argparse.ArgumentParser):
     return lambda args: runners[args.domain](args)
 
 
-COMMANDS = {
-    "plan": PLAN,
-    "prepare": Command("Turn a domain's raw data into the layout it trains on (e.g. face crops from videos).",
-                       _prepare),
-}
+def _plan() -> Command:
+    from triskele.train.tools.plan import PLAN
+
+    return PLAN
+
+
+PREPARE = Command("Turn a domain's raw data into the layout it trains on (e.g. face crops from videos).", _prepare)
+COMMANDS = LazyCommands({"plan": _plan, "prepare": lambda: PREPARE})
 SUMMARY = (f"Train a triskele preset. With no arguments: {DEFAULT_PRESET} on synthetic data, local devices. "
            "Commands: `plan` (the mesh planner), `prepare DOMAIN` (raw data into a domain's layout); each with --help.")
 
@@ -133,5 +134,10 @@ SUMMARY = (f"Train a triskele preset. With no arguments: {DEFAULT_PRESET} on syn
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     train = Command(SUMMARY, functools.partial(_train, argv=argv))
-    return run_command_line("python -m triskele.train", COMMANDS, train, argv,
-                            {ConnectionError: 3, ValueError: 2, FloatingPointError: 1, CheckpointSaveError: 1})
+    return run_command_line("python -m triskele.train", COMMANDS, train, argv, _errors)
+
+
+def _errors() -> dict[type[BaseException], int]:
+    from triskele.train.checkpoint import CheckpointSaveError
+
+    return {ConnectionError: 3, ValueError: 2, FloatingPointError: 1, CheckpointSaveError: 1}

@@ -1,13 +1,21 @@
 """The shape both command lines share: a table of named commands, each adding its flags to a
-parser and returning what runs it; and the flags a domain adds to a shared command."""
+parser and returning what runs it; and the flags a domain adds to a shared command.
+
+Parsing imports no JAX (`--help` and a wrong flag answer at once): a command is loaded only when
+it is chosen (`LazyCommands`), a help text that names a value of a module that imports JAX is a
+function called only when help is printed (`HelpFormatter`), and the exception types a command
+line maps to exit codes are asked for once it is parsed."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
 
 Runner = Callable[[argparse.Namespace], Any]
 """Runs a parsed command line; returns the exit code (train's commands) or the result that
@@ -19,6 +27,36 @@ class Command:
     summary: str
     build: Callable[[argparse.ArgumentParser], Runner]
     """Adds the command's flags to its parser and returns what runs it."""
+
+
+class LazyCommands(Mapping[str, Command]):
+    """Commands by name, each made by its loader when it is looked up (the command chosen)."""
+
+    def __init__(self, loaders: Mapping[str, Callable[[], Command]]):
+        self._loaders = dict(loaders)
+
+    def __getitem__(self, name: str) -> Command:
+        return self._loaders[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaders)
+
+    def __len__(self) -> int:
+        return len(self._loaders)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written; a flag's help may be a function of no arguments, called when
+    help is printed."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help() if callable(action.help) else action.help
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if callable(action.help):
+            action = copy.copy(action)
+            action.help = action.help()
+        return super()._format_action(action)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,19 +99,24 @@ def add_domain_flags(parser: argparse.ArgumentParser, flags_by_domain: Mapping[s
 
 
 def run_command_line(prog: str, commands: Mapping[str, Command], default: Command, argv: Sequence[str] | None,
-                     errors: Mapping[type[BaseException], int]) -> int:
+                     errors: Callable[[], Mapping[type[BaseException], int]]) -> int:
     """`prog [COMMAND] flags...`: the named command, or `default` when the first word names none;
-    its runner's exit code. An exception of a type in `errors` is printed as `error: ...` and
-    exits with its code."""
+    its runner's exit code. An exception of a type in `errors()` (asked for once the command line
+    is parsed) is printed as `error: ...` and exits with its code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv[0] if argv[:1] and argv[0] in commands else None
     command = commands[name] if name else default
     parser = argparse.ArgumentParser(prog=f"{prog} {name}" if name else prog, description=command.summary,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     run = command.build(parser)
     args = parser.parse_args(argv[1:] if name else argv)
+    codes = errors()
     try:
         return run(args)
-    except tuple(errors) as err:
+    except tuple(codes) as err:
         print(f"error: {err}", file=sys.stderr)
-        return next(code for kind, code in errors.items() if isinstance(err, kind))
+        return next(code for kind, code in codes.items() if isinstance(err, kind))
+    except KeyboardInterrupt:  # a command without a stop of its own (training and predict have theirs)
+        print(f"\n{parser.prog}: interrupted (Ctrl-C); nothing it had not finished was written: run it again",
+              file=sys.stderr)
+        return INTERRUPTED_EXIT

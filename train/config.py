@@ -12,9 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from triskele.models.quantize import FORMATS as QUANTIZATION_FORMATS
-from triskele.models.vit import REMAT_POLICIES
-from triskele.train.bookkeeping.profiling import parse_profile_steps
 from triskele.train.metrics import ALWAYS as METRICS_OF_EVERY_DOMAIN
 
 PRECISIONS = ("auto", "float32", "bfloat16", "fp8")
@@ -501,6 +498,10 @@ def check_best_metric(domain: str, name: str) -> None:
 
 
 def _check_choices(config: Config) -> None:
+    from triskele.models.quantize import FORMATS as QUANTIZATION_FORMATS
+    from triskele.models.vit import REMAT_POLICIES
+    from triskele.train.bookkeeping.profiling import parse_profile_steps
+
     _check_choice("domain", config.domain, _domain_names())
     _check_choice("precision", config.precision, PRECISIONS)
     _check_choice("model.remat", config.model.remat, REMAT_POLICIES)

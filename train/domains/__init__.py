@@ -3,6 +3,10 @@
 A spec is everything the engine, the config, evaluation and prediction need to know about a
 domain; nothing else names a domain. Adding one is its own modules plus one `register(Domain(...))`
 (README, "Adding a domain"). The built-in domains register on first lookup.
+
+Registering imports no JAX: what a command line parses (names, presets, flags, commands) is plain
+data, and a spec value that needs the model's libraries (its evaluator, its metric names) may be
+`Later(module, name)`, loaded when it is first read.
 """
 
 from __future__ import annotations
@@ -13,17 +17,28 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from flax import nnx
-from triskele.models.contract import DomainModel
 from triskele.train.commands import Command, Flag
-from triskele.train.data.pipeline import Source
-from triskele.train.evaluation import EvaluatorFactory
 
 if TYPE_CHECKING:
+    from flax import nnx
+    from triskele.models.contract import DomainModel
     from triskele.train.config import Config
+    from triskele.train.data.pipeline import Source
+    from triskele.train.evaluation import EvaluatorFactory
 
 BUILTIN = ("mars", "merch", "deepfake")
 """Modules of `triskele.train.domains` that register a built-in domain."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Later:
+    """A spec value read from `module`'s attribute `name` when the spec's field is first read."""
+
+    module: str
+    name: str
+
+    def load(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +57,10 @@ class Domain:
     class_names: Callable[[Config], list[str]]
     """The model's output classes, read from the training data once when a run starts and then saved
     in its config as `model.class_names`: evaluation and prediction never read the training data."""
-    evaluator: EvaluatorFactory
+    evaluator: EvaluatorFactory | Later
     """(run parts, for_report) -> the domain's evaluator (`triskele.train.evaluation.Evaluator`), used
     by evaluation during training and (for_report True) by `evaluate_checkpoint` for its report."""
-    metric_names: tuple[str, ...]
+    metric_names: tuple[str, ...] | Later
     """The flattened names its evaluator's metrics return (what `checkpoint.best_metric` may name)."""
     inference: str | ModuleType
     """The module (or its import name) of the domain's predict reader and writer and its own eval
@@ -64,6 +79,12 @@ class Domain:
     """Its models take clips of `model.frames` images per record (a video model) when frames > 1."""
     prepare: Command | None = None
     """`python -m triskele.train prepare <domain>`: raw data into the layout the domain reads."""
+    eval_commands: tuple[str, ...] = ()
+    """The names of its inference module's `COMMANDS`: the command line lists them without importing it."""
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        return value.load() if isinstance(value, Later) else value
 
     def inference_module(self) -> ModuleType | Any:
         return importlib.import_module(self.inference) if isinstance(self.inference, str) else self.inference

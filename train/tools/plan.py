@@ -269,4 +269,4 @@ PLAN = Command(__doc__, _plan)
 
 def main(argv: list[str]) -> int:
     """`python -m triskele.train plan ARGS`, as the training command line runs it."""
-    return run_command_line("python -m triskele.train plan", {}, PLAN, argv, {ValueError: 2})
+    return run_command_line("python -m triskele.train plan", {}, PLAN, argv, lambda: {ValueError: 2})

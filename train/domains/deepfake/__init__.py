@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import jax
-from flax import nnx
-from triskele.models.deepfake import FrameDetector, VideoDetector
-from triskele.train.backbone import vit_config
 from triskele.train.commands import Flag
-from triskele.train.data.pipeline import Source
 from triskele.train.data.splits import check_split
-from triskele.train.domains import Domain, register
-from triskele.train.domains.deepfake.data import FAMILIES, FaceFrames, SyntheticFaces
-from triskele.train.domains.deepfake.evaluator import DeepfakeEvaluator
-from triskele.train.domains.deepfake.metrics import NAMES
+from triskele.train.domains import Domain, Later, register
 from triskele.train.domains.deepfake.prepare import PREPARE
-from triskele.train.domains.deepfake.sbi import SelfBlendedFaces, pool_without
+
+if TYPE_CHECKING:
+    from flax import nnx
+    from triskele.models.deepfake import FrameDetector, VideoDetector
+    from triskele.train.data.pipeline import Source
 
 
 @dataclasses.dataclass
@@ -46,6 +43,8 @@ FAKES = ("sbi", "supervised")
 
 def resolve(config) -> None:
     """Refuses options that name nothing, when a run starts."""
+    from triskele.train.domains.deepfake.data import FAMILIES
+
     options = config.deepfake
     if options.fakes not in FAKES:
         raise ValueError(f"config key 'deepfake.fakes' is {options.fakes!r}; choose one of {', '.join(FAKES)}")
@@ -55,6 +54,10 @@ def resolve(config) -> None:
 
 
 def open_split(config, split: str) -> Source:
+    import jax
+    from triskele.train.domains.deepfake.data import FAMILIES, FaceFrames, SyntheticFaces
+    from triskele.train.domains.deepfake.sbi import SelfBlendedFaces, pool_without
+
     options, frames = config.deepfake, config.model.frames
     self_blended = options.fakes == "sbi" and check_split(split) == "train"
     # Validation is held out of training and looks like it (its methods less the held-out family);
@@ -76,6 +79,9 @@ def open_split(config, split: str) -> Source:
 
 
 def build_model(config, rngs: nnx.Rngs, stages: int) -> FrameDetector | VideoDetector:
+    from triskele.models.deepfake import FrameDetector, VideoDetector
+    from triskele.train.backbone import vit_config
+
     vit = vit_config(config, stages)
     if config.model.frames > 1:
         return VideoDetector(vit, config.model.frames, rngs=rngs)
@@ -88,7 +94,8 @@ DEEPFAKE = register(Domain(
     preset={"model.channels": 3, "deepfake.frames_per_video": 8, "data.train_size": 6144, "data.eval_size": 1024,
             "run.steps": 3000, "run.eval_every": 750},
     build_model=build_model, open_split=open_split, resolve=resolve, class_names=lambda config: ["real", "fake"],
-    evaluator=DeepfakeEvaluator, metric_names=NAMES, inference="triskele.eval.domains.deepfake",
+    evaluator=Later("triskele.train.domains.deepfake.evaluator", "DeepfakeEvaluator"),
+    metric_names=Later("triskele.train.domains.deepfake.metrics", "NAMES"), inference="triskele.eval.domains.deepfake",
     evaluate_flags=(Flag("--holdout", "evaluate only this manipulation method's fakes (with all reals)",
                          metavar="METHOD", key="deepfake.eval_methods"),),
     predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),),

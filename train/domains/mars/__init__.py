@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jax
-from flax import nnx
-from triskele.models.mars import CLASS_NAMES, TerrainSegmenter
-from triskele.train.backbone import vit_config
 from triskele.train.commands import Flag
-from triskele.train.data.pipeline import Source
 from triskele.train.data.splits import check_split
-from triskele.train.domains import Domain, register
-from triskele.train.domains.mars.data import SyntheticTerrain, TerrainFiles
-from triskele.train.domains.mars.evaluator import MarsEvaluator
-from triskele.train.domains.mars.metrics import NAMES
+from triskele.train.domains import Domain, Later, register
+
+if TYPE_CHECKING:
+    from flax import nnx
+    from triskele.models.mars import TerrainSegmenter
+    from triskele.train.data.pipeline import Source
 
 AI4MARS_SCALE = 0.5
 """AI4Mars' 1024 x 1024 navcam frames are halved first: its labels are hand-drawn polygons far
@@ -50,6 +48,9 @@ def resolve(config) -> None:
 
 
 def open_split(config, split: str) -> Source:
+    import jax
+    from triskele.train.domains.mars.data import SyntheticTerrain, TerrainFiles
+
     crops = check_split(split) == "train"
     if config.data.path:
         files = TerrainFiles(config.data.path, split, config.model.image_size, config.model.channels,
@@ -64,14 +65,25 @@ def open_split(config, split: str) -> Source:
 
 
 def build_model(config, rngs: nnx.Rngs, stages: int) -> TerrainSegmenter:
+    from triskele.models.mars import TerrainSegmenter
+    from triskele.train.backbone import vit_config
+
     return TerrainSegmenter(vit_config(config, stages), rngs=rngs)
+
+
+def class_names(config) -> list[str]:
+    from triskele.models.mars import CLASS_NAMES
+
+    return list(CLASS_NAMES)
 
 
 MARS = register(Domain(
     name="mars", summary="rover terrain segmentation: soil, bedrock, sand, big rock",
     options=MarsOptions, preset={"model.channels": 1, "checkpoint.best_metric": "eval_loss"},
-    build_model=build_model, open_split=open_split, class_names=lambda config: list(CLASS_NAMES),
-    evaluator=MarsEvaluator, metric_names=NAMES, inference="triskele.eval.domains.mars", resolve=resolve,
+    build_model=build_model, open_split=open_split, class_names=class_names,
+    evaluator=Later("triskele.train.domains.mars.evaluator", "MarsEvaluator"),
+    metric_names=Later("triskele.train.domains.mars.metrics", "NAMES"), inference="triskele.eval.domains.mars",
+    resolve=resolve,
     resume_options=("label_agreement",),
     predict_flags=(
         Flag("--stride", "sliding-window stride in pixels (default 2/3 window)", type=int),

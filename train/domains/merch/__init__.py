@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import jax
-from flax import nnx
-from triskele.models.merch import SkuRecognizer
-from triskele.train.backbone import vit_config
-from triskele.train.data.pipeline import Source
-from triskele.train.domains import Domain, class_names, register
-from triskele.train.domains.merch.data import ProductImages, SyntheticRetail, training_classes
-from triskele.train.domains.merch.metrics import NAMES, metrics
-from triskele.train.evaluation import BatchEvaluator
+from triskele.train.domains import Domain, Later, class_names, register
+
+if TYPE_CHECKING:
+    from flax import nnx
+    from triskele.models.merch import SkuRecognizer
+    from triskele.train.data.pipeline import Source
+    from triskele.train.evaluation import Evaluator
 
 
 @dataclasses.dataclass
@@ -22,6 +21,9 @@ class MerchOptions:
 
 
 def open_split(config, split: str) -> Source:
+    import jax
+    from triskele.train.domains.merch.data import ProductImages, SyntheticRetail
+
     if config.data.path:
         files = ProductImages(config.data.path, split, config.model.image_size, classes=class_names(config),
                               val_fraction=config.data.val_fraction)
@@ -36,12 +38,25 @@ def open_split(config, split: str) -> Source:
 def read_class_names(config) -> list[str]:
     """The training split's class folders on disk, or `sku<i>` and `empty` (synthetic)."""
     if config.data.path:
+        from triskele.train.domains.merch.data import training_classes
+
         return training_classes(config.data.path)
     return [f"sku{i}" for i in range(config.merch.num_skus)] + ["empty"]
 
 
 def build_model(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer:
+    from triskele.models.merch import SkuRecognizer
+    from triskele.train.backbone import vit_config
+
     return SkuRecognizer(vit_config(config, stages), len(class_names(config)), rngs=rngs)
+
+
+def evaluator(parts, for_report: bool = False) -> Evaluator:
+    """The shared batch evaluator with merch's metrics."""
+    from triskele.train.domains.merch.metrics import metrics
+    from triskele.train.evaluation import BatchEvaluator
+
+    return BatchEvaluator(parts, metrics)
 
 
 MERCH = register(Domain(
@@ -50,5 +65,6 @@ MERCH = register(Domain(
     preset={"model.channels": 3, "data.train_size": 20000, "data.eval_size": 1200, "run.steps": 1200,
             "run.eval_every": 600},
     build_model=build_model, open_split=open_split, class_names=read_class_names,
-    evaluator=BatchEvaluator.factory(metrics), metric_names=NAMES, inference="triskele.eval.domains.merch",
+    evaluator=evaluator, metric_names=Later("triskele.train.domains.merch.metrics", "NAMES"),
+    inference="triskele.eval.domains.merch", eval_commands=("gallery",),
 ))
