@@ -110,3 +110,38 @@ def test_gradient_accumulation_is_priced_as_it_runs(devices):
     measured, _ = compiled_costs(config, "data=8")
     compiled = measured.program.collective_bytes["all-reduce"]
     assert relative_error(predicted.collective_bytes["all-reduce"], compiled) < 0.1
+
+
+def printed_table(out: str) -> list[dict[str, str]]:
+    """The ranking `plan` printed: one dict per row, cells cut at the header's column starts."""
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("mesh "))
+    header = lines[first]
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    names = [header[a:b].strip() for a, b in bounds]
+    rows = []
+    for line in lines[first + 1:]:
+        if not line.strip():
+            break
+        rows.append({name: line[a:b].strip() for name, (a, b) in zip(names, bounds, strict=True)})
+    return rows
+
+
+@pytest.mark.parametrize("args, throughput", [
+    (["--preset", "mars-l16", "--devices", "64", "--gpu", "h200", "--global-batch", "1024", "--nodes", "8"],
+     "images_per_s"),
+    (["--shape", "width=4096,depth=36,heads=32,mlp=16384,tokens=2048", "--devices", "128", "--gpu", "a100",
+      "--global-batch", "512"], "tokens_per_s"),
+])
+def test_the_ranking_is_printed_in_its_order_and_its_workload_units(args, throughput, capsys):
+    assert plan_main([*args, "--top", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "in the planner's order: meshes that fit first, then by rank_ms" in out
+    rows = printed_table(out)
+    other = ({"images_per_s", "tokens_per_s"} - {throughput}).pop()
+    assert len(rows) > 5 and throughput in rows[0] and other not in rows[0]
+    order = [(row["fits"] != "yes", float(row["rank_ms"])) for row in rows]
+    assert order == sorted(order)
+    assert [float(row["step_ms"]) for row in rows] != sorted(float(row["step_ms"]) for row in rows), \
+        "the example should show a ranking that differs from step time alone"

@@ -129,7 +129,7 @@ class Candidate:
                 "remat": self.remat, "memory_GB": self.memory.total / 1e9, "fits": "yes" if self.fits else "NO",
                 "compute_ms": 1e3 * self.compute_s, "comm_ms": 1e3 * sum(self.comm_s.values()),
                 "exposed_comm_ms": 1e3 * self.exposed_comm_s, "bubble": self.bubble, "step_ms": 1e3 * self.step_s,
-                "images_per_s": self.images_per_s, "mfu": self.mfu}
+                "rank_ms": 1e3 * ranked_step_s(self), "images_per_s": self.images_per_s, "mfu": self.mfu}
 
 
 def meshes(devices: int, axes: tuple[str, ...] = MESH_AXES) -> list[MeshSpec]:
@@ -311,8 +311,13 @@ def parallelism_kinds(mesh: MeshSpec) -> float:
     return 2 * (mesh.pipeline > 1) + (mesh.tensor > 1) + (mesh.fsdp > 1) + 0.5 * (mesh.data > 1)
 
 
+def ranked_step_s(candidate: Candidate) -> float:
+    """The step time the ranking compares: the predicted one, plus SIMPLICITY_MARGIN per kind of parallelism."""
+    return candidate.step_s * (1 + SIMPLICITY_MARGIN * parallelism_kinds(candidate.mesh))
+
+
 def _ranking(candidate: Candidate) -> tuple[bool, float]:
-    return not candidate.fits, candidate.step_s * (1 + SIMPLICITY_MARGIN * parallelism_kinds(candidate.mesh))
+    return not candidate.fits, ranked_step_s(candidate)
 
 
 def explain(best: Candidate, inputs: PlanInputs) -> list[str]:

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from triskele.mesh.perf.hardware import GPUS, Gpu, get_gpu
-from triskele.mesh.perf.planner import SCHEDULES, PlanInputs, candidates, explain, scaling
+from triskele.mesh.perf.planner import SCHEDULES, SIMPLICITY_MARGIN, PlanInputs, candidates, explain, scaling
 from triskele.mesh.perf.roofline import FORMAT_BYTES, roofline
 from triskele.mesh.perf.run_cost import ownership, run_cost
 from triskele.mesh.perf.transformer_shape import parse_shape
@@ -47,6 +47,17 @@ def print_rows(rows: list[dict], columns: list[str]) -> None:
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
         print("  ".join(cell(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def per_second(rows: list[dict], key: str, shape: ModelShape, tokens: bool) -> str:
+    """The column of the workload's throughput: `key` (images, or sequences, per second) as it is, or
+    for a token shape (`--shape`) renamed to tokens and multiplied by the tokens per sequence."""
+    if not tokens:
+        return key
+    name = key.replace("images", "tokens")
+    for row in rows:
+        row[name] = row.pop(key) * shape.tokens
+    return name
 
 
 def plot_scaling(rows: list[dict], path: Path) -> None:
@@ -154,8 +165,8 @@ def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: Mod
     print(f"{name}: inference roofline, {weights / 1e6:.1f}M weights in {args.format}, batch {args.batch}")
     for row in rows:
         row["compute_ms"], row["memory_ms"] = 1e3 * row.pop("compute_s"), 1e3 * row.pop("memory_s")
-    print_rows(rows, ["gpu", "format", "batch", "images_per_sec", "bound", "compute_ms", "memory_ms",
-                      "compute_bound_from"])
+    throughput = per_second(rows, "images_per_sec", shape, tokens=model is None)
+    print_rows(rows, ["gpu", "format", "batch", throughput, "bound", "compute_ms", "memory_ms", "compute_bound_from"])
     if args.output:
         Path(args.output).mkdir(parents=True, exist_ok=True)
         (Path(args.output) / "plan.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
@@ -201,7 +212,7 @@ def run_plan(args: argparse.Namespace) -> int:
         return _print_scaling(args, make, gpu, batch)
     if not args.devices:
         raise ValueError("--devices is required (or ask for --scaling or --inference)")
-    return _print_ranking(args, make(args.devices, args.nodes), batch)
+    return _print_ranking(args, make(args.devices, args.nodes), batch, tokens=config is None)
 
 
 def _print_scaling(args: argparse.Namespace, make, gpu: Gpu, batch: int) -> int:
@@ -223,8 +234,9 @@ def _print_scaling(args: argparse.Namespace, make, gpu: Gpu, batch: int) -> int:
     return 0
 
 
-def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int) -> int:
-    """Every valid mesh of `--devices` ranked, the pick and why, its cost with `--cost`."""
+def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int, tokens: bool) -> int:
+    """Every valid mesh of `--devices` in the planner's order, the pick and why, its cost with `--cost`;
+    throughput in tokens for a token shape (`tokens`), else in images."""
     name = args.preset or args.shape
     ranked = candidates(inputs)
     if not ranked:
@@ -234,11 +246,14 @@ def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int) -> 
           f"{inputs.nvlink_domain}), global batch {batch}, {inputs.compute}, efficiency {inputs.efficiency} "
           f"({inputs.gpu.efficiency_source}): {len(ranked)} valid meshes, {sum(c.fits for c in ranked)} fit")
     rows = [c.row() for c in ranked]
+    throughput = per_second(rows, "images_per_s", inputs.shape, tokens)
     columns = ["mesh", "microbatches", "grad_accum", "remat", "memory_GB", "fits", "compute_ms", "comm_ms",
-               "exposed_comm_ms", "bubble", "step_ms", "images_per_s", "mfu"]
+               "exposed_comm_ms", "bubble", "step_ms", "rank_ms", throughput, "mfu"]
     if args.cost:
         rows = _with_cost(rows, args, inputs.gpu, batch, lambda row: args.devices)
         columns += ["hours", "gpu_hours", "cost_rent_usd", "cost_own_usd"]
+    print(f"in the planner's order: meshes that fit first, then by rank_ms, the predicted step_ms plus "
+          f"{SIMPLICITY_MARGIN:.0%} per kind of parallelism (pipeline 2, tensor 1, fsdp 1, data 0.5)")
     print_rows(rows[: args.top], columns)
     best = ranked[0]
     if not best.fits:
