@@ -9,6 +9,7 @@ import functools
 import json
 from collections.abc import Callable
 
+from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
 from triskele.train.commands import Command, LazyCommands, Runner, add_domain_flags, run_command_line
 from triskele.train.domains import Domain, domains
 
@@ -63,7 +64,7 @@ def _predict(parser):
         summary = predict(a.workdir, a.input, a.output, a.mesh, a.step, a.exported, batch=a.batch,
                           overwrite=a.overwrite, workers=a.workers, threads=a.threads, prefetch=a.prefetch,
                           progress=not a.no_progress, **options)
-        return summary, 1 if summary["unreadable"] else 0
+        return summary, INTERRUPTED_EXIT if summary["interrupted"] else 1 if summary["unreadable"] else 0
 
     return run
 

@@ -31,6 +31,7 @@ import numpy as np
 from tqdm import tqdm
 from triskele.mesh.chunks import run_groups
 from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.data.pipeline import prefetched
 
 STATE_DIR = ".triskele-predict"
@@ -253,10 +254,13 @@ class _Writer:
                 self.unreadable += 1
             self.bar.update(1)
 
-    def run(self, stream: Iterator[Prediction]) -> None:
+    def run(self, stream: Iterator[Prediction], stop: StopRequest) -> None:
+        """Writes every prediction of `stream`, or those before a stop is requested."""
         self.thread.start()
         try:
             for prediction in stream:
+                if stop.requested:
+                    break
                 if prediction.error is not None:
                     self.journal.record_error(prediction.unit, prediction.error)
                     self.unreadable += 1
@@ -333,7 +337,9 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
     bar = tqdm(total=len(todo), disable=not progress or jax.process_index() != 0, unit="input", dynamic_ncols=True)
     started = time.perf_counter()
     run = _Writer(io, out_dir, bar, stamps, manifest)
-    run.run(predictions(model, io, todo, threads, prefetch, workers))
+    with StopRequest("predict", "writing the inputs already predicted, then the summary; the same command "
+                     "again predicts the rest") as stop:
+        run.run(predictions(model, io, todo, threads, prefetch, workers), stop)
     seconds = time.perf_counter() - started
     bar.close()
     written, skipped, changed, unreadable, records = _gather([run.written, len(mine) - len(todo), changed,
@@ -344,6 +350,7 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
         multihost_utils.sync_global_devices("triskele-predict-written")
     summary = {"inputs": len(units), "written": written, "skipped": skipped, "changed": changed,
                "unreadable": unreadable, "records": records, "seconds": round(seconds, 3),
+               "interrupted": stop.requested,
         "images_per_sec": round(written / seconds, 3) if seconds > 0 else 0.0,
         "records_per_sec": round(records / seconds, 3) if seconds > 0 else 0.0, "output": str(out_dir)}
     if jax.process_index() == 0:
@@ -353,6 +360,10 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
         _write_errors(out_dir, errors)
         summary["files"] = files_written + (["errors.csv"] if errors else [])
         write_atomically(out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+        if stop.requested:
+            left = len(units) - written - skipped - unreadable
+            print(f"predict stopped by {stop.signal}: {left} inputs not predicted yet; run the same command again "
+                  "to predict them (what is written is kept)", flush=True)
         print(f"predicted {written} inputs ({changed} changed since), skipped {skipped} already done, "
               f"{unreadable} unreadable in {seconds:.1f} s ({summary['images_per_sec']:.1f} inputs/s, "
               f"{summary['records_per_sec']:.1f} model inputs/s) -> {out_dir}", flush=True)

@@ -6,6 +6,7 @@ import argparse
 import functools
 import sys
 
+from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
 from triskele.train.commands import Command, LazyCommands, run_command_line
 from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
 
@@ -92,14 +93,18 @@ def _train(parser: argparse.ArgumentParser, argv: list[str]):
 
         summary = train(config, workdir=args.workdir, progress=not args.no_progress,
                         stop_after_step=args.stop_after_step)
+        code = INTERRUPTED_EXIT if summary.stopped_by == "interrupted" else 0
         if jax.process_index() != 0:
-            return 0
+            return code
         print(f"{summary.stopped_by}: step {summary.final_step} of {config.run.steps}, last loss {summary.last_loss}")
         if summary.eval_metrics:
             print("eval: " + ", ".join(f"{k}={v:.4f}" for k, v in summary.eval_metrics.items()))
         print(f"checkpoints: {summary.checkpoint_dir}")
         print(f"metrics:     {summary.metrics_file}")
-        return 0
+        if code:
+            print(f"interrupted at step {summary.final_step}: its checkpoint is in {summary.checkpoint_dir}; run the "
+                  f"same command again to resume at step {summary.final_step + 1}", file=sys.stderr)
+        return code
 
     return run
 

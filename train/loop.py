@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from triskele.train.bookkeeping.lock import WorkdirLock
 from triskele.train.bookkeeping.logs import PendingMetrics, RunLog, Skipped, first_nonfinite
 from triskele.train.bookkeeping.plots import write_plots
 from triskele.train.bookkeeping.profiling import ProfileWindow
+from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.bookkeeping.throughput import StepThroughput
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import Config
@@ -43,33 +42,11 @@ class TrainSummary:
     final_step: int
     last_loss: float | None
     stopped_by: str
-    """'completed', 'sigterm', 'stop_after_step', or 'nothing to do' (already at run.steps)."""
+    """'completed', 'interrupted' (Ctrl-C), 'sigterm', 'stop_after_step', or 'nothing to do' (already at
+    run.steps)."""
     checkpoint_dir: str
     metrics_file: str
     eval_metrics: dict[str, Any]
-
-
-class _SigtermFlag:
-    """Sets a flag on SIGTERM (main thread only) so the loop can save and exit cleanly.
-
-    In a multi-process run JAX's preemption service owns SIGTERM instead: it makes every process
-    agree on the step to stop at (`CheckpointManager.reached_preemption`)."""
-
-    def __init__(self):
-        self.raised = False
-        self._previous = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.raised = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
 
 
 def train(
@@ -93,7 +70,10 @@ def train(
     resolve_norm_eps(config)
     workdir = Path(workdir or Path("runs") / config.preset).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
+    single = jax.process_count() == 1
+    stop = StopRequest("training", "finishing this step, then saving a checkpoint and stopping",
+                       sigterm=single, forward_sigint_as_sigterm=not single)
+    with stop, WorkdirLock(workdir, enabled=jax.process_index() == 0):
         parts = prepare(config, mesh, resolve_auto_mesh)
         checkpoints = Checkpoints(workdir / "checkpoints", config.checkpoint)
         log = RunLog(workdir)
@@ -101,7 +81,7 @@ def train(
             _check_saved_configs(config, checkpoints)  # before config.json is rewritten or anything restored
             if jax.process_index() == 0:
                 config.save(workdir / "config.json")
-            return _train(parts, workdir, checkpoints, log, progress, stop_after_step)
+            return _train(parts, workdir, checkpoints, log, progress, stop_after_step, stop)
         finally:
             try:
                 checkpoints.close()
@@ -209,11 +189,13 @@ class _Events:
         bar.set_postfix(loss=f"{self.summary.last_loss:.4f}", img_s=f"{batch_size * steps_timed / seconds:.0f}")
         self.interval_losses = []
 
-    def evaluate(self, done: int, state: TrainState) -> dict[str, float]:
-        """The evaluation split's metrics, logged and plotted."""
+    def evaluate(self, done: int, state: TrainState, bar: tqdm) -> dict[str, float]:
+        """The evaluation split's metrics, logged and plotted; the progress bar says it is evaluating."""
         config = self.parts.config
         started = time.perf_counter()
+        bar.set_description_str(f"evaluating on {config.data.eval_split} ({len(self.eval_source)} records)")
         totals = self.evaluator.accumulate(state.params, self.eval_source)
+        bar.set_description_str("")
         metrics = scalar_metrics(self.evaluator, totals)
         if config.data.bad_records == "skip":
             metrics["bad_records"] = count_bad_records(self.bad_records, "train")
@@ -260,6 +242,7 @@ def _train(
     log: RunLog,
     progress: bool,
     stop_after_step: int | None,
+    stop_request: StopRequest,
 ) -> TrainSummary:
     config, mesh = parts.config, parts.mesh
     total, batch_size = config.run.steps, config.data.global_batch
@@ -270,12 +253,13 @@ def _train(
 
     events = _Events(parts, workdir, checkpoints, log, summary)
     batches = _train_batches(parts, first, events.bad_records)
-    _announce(config, events.schedule, log)
+    if log.enabled:
+        _announce(parts, first, workdir, events.schedule)
     train_step = None
     pending = PendingMetrics()
     profile = ProfileWindow(config.run.profile_steps, total, workdir / "profile")
     bar = tqdm(total=total, initial=first, disable=not progress or not log.enabled, unit="step", dynamic_ncols=True)
-    with _SigtermFlag() as sigterm, jax.set_mesh(mesh), profile:
+    with jax.set_mesh(mesh), profile:
         for step in range(first, total):
             batch = host_to_global(next(batches), mesh, batch_size)
             if train_step is None:
@@ -293,7 +277,8 @@ def _train(
             evaluate = bool(every) and (done % every == 0 or done == total)
             log_now = done % config.run.log_every == 0 or done == total
             preempted = jax.process_count() > 1 and checkpoints.manager.reached_preemption(done)
-            stop = sigterm.raised or preempted or done == stop_after_step
+            signalled = stop_request.requested and jax.process_count() == 1  # else: preempted, agreed on by all
+            stop = signalled or preempted or done == stop_after_step
             save = stop or done % config.checkpoint.every == 0 or done == total
             if not (log_now or evaluate or save):
                 continue
@@ -303,12 +288,13 @@ def _train(
             events.interval_losses += [m["loss"] for _, m in records if math.isfinite(m["loss"])]
             if log_now:
                 events.log_step(done, records, bar)
-            eval_metrics = events.evaluate(done, state) if evaluate else None
+            eval_metrics = events.evaluate(done, state, bar) if evaluate else None
             if save:
                 events.save(done, state, eval_metrics)
             if stop:
                 checkpoints.wait()
-                summary.stopped_by = "sigterm" if sigterm.raised or preempted else "stop_after_step"
+                summary.stopped_by = ("interrupted" if stop_request.interrupted else
+                                      "sigterm" if signalled or preempted else "stop_after_step")
                 break
         else:
             summary.stopped_by = "completed"
@@ -318,10 +304,21 @@ def _train(
     return summary
 
 
-def _announce(config: Config, schedule: dict[str, float | int], log: RunLog) -> None:
-    """The start-up notes: FP8 emulation and the pipeline schedule."""
+def _announce(parts: RunParts, first: int, workdir: Path, schedule: dict[str, float | int]) -> None:
+    """What the run will do and where its outputs go, before it compiles; the FP8 emulation and
+    pipeline schedule notes."""
+    config, mesh = parts.config, parts.mesh
+    shape = ",".join(f"{axis}={size}" for axis, size in mesh.shape.items() if size > 1) or "one device"
+    kinds = sorted({device.platform for device in mesh.devices.flat})
+    start = f"resuming at step {first + 1}" if first else "from step 1"
+    every = config.run.eval_every
+    evaluation = f"evaluating on {config.data.eval_split} every {every} steps" if every else "no evaluation"
+    print(f"training {config.preset} ({config.domain}) in {workdir}: {start} to {config.run.steps}, "
+          f"global batch {config.data.global_batch}, mesh {shape} ({mesh.devices.size} {'/'.join(kinds)} devices); "
+          f"{evaluation}; checkpoints every {config.checkpoint.every} steps in {workdir / 'checkpoints'}, "
+          f"metrics in {workdir / 'metrics.jsonl'}, plots in {workdir / 'plots'}", flush=True)
     note = fp8_note(config.precision)
-    if note and log.enabled:
+    if note:
         print(note, flush=True)
-    if schedule and log.enabled:
+    if schedule:
         print("pipeline: " + ", ".join(f"{k}={v}" for k, v in schedule.items()), flush=True)
