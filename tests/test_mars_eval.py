@@ -6,8 +6,13 @@ from PIL import Image
 from test_mars_data import write_ai4mars
 from trainutil import run
 from triskele.eval.cli import main as eval_main
+from triskele.eval.domains.mars import predict_io
+from triskele.eval.engine import iter_predictions
 from triskele.eval.evaluate import evaluate_checkpoint
+from triskele.eval.model import load_model
+from triskele.models.mars import CLASS_NAMES
 from triskele.train.cli import main as train_main
+from triskele.train.domains.mars.pictures import IGNORE_COLOUR, PALETTE, legend_entries
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +69,31 @@ def test_predict_writes_one_class_mask_per_image_at_its_size(trained, tmp_path, 
     wide = np.asarray(Image.open(tmp_path / "out" / "wide.png"))
     assert square.shape == (40, 40) and set(np.unique(square)) <= {0, 1, 2, 3}
     assert wide.shape == (30, 50) and set(np.unique(wide)) <= {0, 1, 2, 3}  # every pixel, not the centre only
+
+
+def test_predicted_masks_show_their_classes_and_overlays_are_enlarged(trained, tmp_path, capsys):
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64), np.uint8)).save(inputs / "small.png")
+    code = eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(out),
+                      "--mesh", "data=8", "--overlay"])
+    assert code == 0, capsys.readouterr().err
+    mask = Image.open(out / "small.png")
+    assert mask.mode == "P", "a palette PNG: a viewer shows colours, a reader gets the class indices"
+    palette = np.asarray(mask.getpalette(), np.uint8).reshape(-1, 3)
+    np.testing.assert_array_equal(palette[: len(PALETTE)], PALETTE)
+    assert tuple(palette[255]) == IGNORE_COLOUR
+    model = load_model(trained, mesh="data=8")
+    io = predict_io(model.meta, {})
+    [prediction] = iter_predictions(model, io, inputs)
+    expected = io.probabilities(prediction.outputs["logits"], *prediction.context).argmax(-1)
+    np.testing.assert_array_equal(np.asarray(mask), expected)
+    picture = np.asarray(Image.open(out / "small.overlay.png"))
+    assert picture.shape[0] >= 256 + 24, "a 64-px input is enlarged as evaluation's overlays are"
+    blend = picture[:256, :256]
+    assert (blend[::4, ::4] == blend[3::4, 3::4]).all(), "enlarged by nearest neighbour"
+    assert [name for name, _ in legend_entries(ignored=False)] == list(CLASS_NAMES), "a prediction has no ignored"
+    assert [name for name, _ in legend_entries(ignored=True)] == [*CLASS_NAMES, "ignored"]
 
 
 def test_eval_errors(tmp_path, capsys):

@@ -1,5 +1,6 @@
-"""Mars predictions: one class-index PNG per image at its exact size (and an overlay on request);
-the evaluation (metrics, confusion plot, overlays) is `triskele.train.domains.mars.evaluator`."""
+"""Mars predictions: one class-index palette PNG per image at its exact size (and an overlay on
+request); the evaluation (metrics, confusion plot, overlays) is
+`triskele.train.domains.mars.evaluator`."""
 
 from __future__ import annotations
 
@@ -9,17 +10,18 @@ from typing import Any
 import numpy as np
 from triskele.models.mars import CLASS_NAMES
 from triskele.models.sliding import resize_bilinear
-from triskele.train.domains.mars.pictures import blended
+from triskele.train.domains.mars.pictures import blended, mask_png
 
 COMMANDS: dict = {}
 """Mars has no eval commands of its own."""
 
 
 class MarsIO:
-    """One class-index PNG per image at its exact size, every pixel predicted: the frame scaled by
-    the run's `mars.scale`, windows of the model's input at `stride`, their logits averaged where
-    they overlap and resized back to the image (bilinear), then argmax; `tta` 'flip' averages the
-    probabilities of the mirrored pass; `overlay` also writes NAME.overlay.png. NAME: the input's
+    """One class-index PNG per image at its exact size (a palette PNG: the class indices, shown in
+    the classes' colours), every pixel predicted: the frame scaled by the run's `mars.scale`,
+    windows of the model's input at `stride`, their logits averaged where they overlap and resized
+    back to the image (bilinear), then argmax; `tta` 'flip' averages the probabilities of the
+    mirrored pass; `overlay` also writes NAME.overlay.png (enlarged, as evaluation's). NAME: the input's
     path under the inputs' root, its suffix replaced (kept where two inputs share a stem:
     `triskele.eval.inputs`)."""
 
@@ -86,9 +88,7 @@ class MarsIO:
         frame_shape, native_shape = context
         mask = self.probabilities(outputs["logits"], frame_shape, native_shape).argmax(-1).astype(np.uint8)
         name = unit.named(".png")
-        buffer = io.BytesIO()
-        Image.fromarray(mask).save(buffer, format="PNG")
-        write_atomically(out_dir / name, buffer.getvalue())
+        write_atomically(out_dir / name, mask_png(mask))
         row = {"input": unit.key, "mask": name, "height": native_shape[0], "width": native_shape[1],
                "class_pixels": np.bincount(mask.ravel(), minlength=len(CLASS_NAMES)).tolist()}
         if self.overlay:
