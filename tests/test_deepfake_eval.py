@@ -14,6 +14,7 @@ from triskele.mesh import tree_shardings
 from triskele.models import ViTConfig
 from triskele.models.deepfake import VideoDetector
 from triskele.train import train
+from triskele.train.domains.deepfake.evaluator import families_figure, unseen_families
 
 FACES = {"data.eval_size": 64, "deepfake.frames_per_video": 4}
 
@@ -41,6 +42,32 @@ def test_holdout_evaluates_one_family(trained, capsys):
     report = json.loads((trained / "eval" / "3" / "report.json").read_text())
     assert report["holdout"] == "Resample"
     assert report["metrics"]["records"] == 64
+
+
+def test_unseen_families_follow_what_training_read():
+    config = small_config("deepfake-tiny", **{"deepfake.holdout": "Resample"})
+    families = ["ColorShift", "Resample", "Swap"]
+    assert unseen_families(config.deepfake, families, synthetic=True) == ["Resample", "Swap"]
+    assert unseen_families(config.deepfake, ["Deepfakes", "Resample"], synthetic=False) == ["Resample"]
+    config.deepfake.fakes = "sbi"
+    assert unseen_families(config.deepfake, families, synthetic=True) == families, "sbi reads no fake"
+
+
+def test_families_chart_is_titled_its_chance_line_labelled_unseen_marked_legend_clear():
+    aucs = {f"auc_{level}/{family}": value for family, value in (("ColorShift", 0.97), ("Swap", 0.52))
+            for level in ("frame", "video")}
+    fig = families_figure(aucs, ["Swap"], "AUC per manipulation family")
+    [ax] = fig.axes
+    assert ax.get_title() == "AUC per manipulation family"
+    [chance] = [line for line in ax.get_lines() if line.get_label() == "chance (0.5)"]
+    assert set(chance.get_ydata()) == {0.5}
+    legend = ax.get_legend()
+    assert {"chance (0.5)", "not seen in training"} <= {t.get_text() for t in legend.get_texts()}
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["ColorShift", "Swap\n(unseen)"]
+    assert [bool(bar.get_hatch()) for bar in ax.patches] == [False, True, False, True]
+    renderer = fig.canvas.get_renderer()
+    box = legend.get_window_extent(renderer)
+    assert not any(box.overlaps(bar.get_window_extent(renderer)) for bar in ax.patches), "the legend hides no bar"
 
 
 def test_predict_writes_per_video_and_per_frame_csv(trained, tmp_path):

@@ -8,6 +8,8 @@ import pytest
 from conftest import DOMAIN_RUN
 from PIL import Image
 from trainutil import run, step_records
+from triskele.eval.cli import main as eval_main
+from triskele.train.bookkeeping.plots import panels_figure
 from triskele.train.cli import main as train_main
 
 pytestmark = pytest.mark.xdist_group("domain_runs")  # shares a session fixture: one worker runs them
@@ -59,6 +61,31 @@ def test_plots_are_drawn_and_a_resumed_run_continues_them(tmp_path, devices):
         assert len(np.unique(np.asarray(Image.open(path).convert("L")))) > 10, "a plot with something drawn"
     assert sorted(step_records(tmp_path)) == [1, 2, 3, 4, 5, 6]
     assert sorted(evaluations(tmp_path)) == [3, 6]
+
+
+def test_eval_plots_show_fractions_on_the_whole_unit_axis():
+    records = {2: {"step": 2, "eval_loss": 0.61, "miou": 0.882, "iou/sand": 0.7, "auc_frame/Swap": 0.55,
+                   "top1": 0.3, "recall_at_5": 0.9, "records": 64},
+               4: {"step": 4, "eval_loss": 0.58, "miou": 0.878, "iou/sand": 0.71, "auc_frame/Swap": 0.56,
+                   "top1": 0.31, "recall_at_5": 0.91, "records": 64}}
+    keys = [k for k in records[2] if k != "step"]
+    fig = panels_figure(records, [(k, k) for k in keys], "evaluation")
+    limits = {ax.get_title(): ax.get_ylim() for ax in fig.axes if ax.get_title()}
+    for key in ("miou", "iou/sand", "auc_frame/Swap", "top1", "recall_at_5"):
+        assert limits[key] == (0, 1), key
+    low, high = limits["eval_loss"]
+    assert 0.5 < low < 0.58 and 0.61 < high < 0.7, "a loss keeps an automatic axis"
+    assert limits["records"] != (0, 1)
+
+
+def test_a_merch_evaluation_writes_its_plots(domain_runs, capsys):
+    workdir = domain_runs["merch"]
+    assert eval_main(["--workdir", str(workdir), "--mesh", "data=8"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["files"] == ["recognition.png", "planogram.png"]
+    for name in report["files"]:
+        width, height = Image.open(workdir / "eval" / str(report["step"]) / name).size
+        assert width > 300 and height > 250, name
 
 
 def test_a_profiled_run_leaves_a_trace(tmp_path, devices):

@@ -26,7 +26,20 @@ def read_records(path: Path) -> tuple[dict[int, dict], dict[int, dict]]:
     return train, evaluation
 
 
-def _panels(records: dict[int, dict], keys: list[tuple[str, str]], title: str, path: Path) -> None:
+FRACTIONS = frozenset({"acc", "ap", "auc", "compliance", "eer", "iou", "map", "miou", "precision", "recall", "top1",
+                       "top5"})
+"""Words of metric names that are fractions by definition ('pixel_acc', 'auc_frame/Swap', 'iou/sand',
+'recall_at_5'): their panels keep the whole [0, 1] axis, so that 0.882 -> 0.878 looks as small as it is."""
+
+
+def is_fraction(name: str) -> bool:
+    """Whether the metric `name` lies in [0, 1] by definition (the words of its first '/' part)."""
+    return any(word in FRACTIONS for word in name.split("/")[0].split("_"))
+
+
+def panels_figure(records: dict[int, dict], keys: list[tuple[str, str]], title: str):
+    """One panel per (key, label) of the records against their step; a metric that is a fraction
+    on a fixed [0, 1] axis, any other (a loss, a count) on an automatic one. A matplotlib Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,6 +56,8 @@ def _panels(records: dict[int, dict], keys: list[tuple[str, str]], title: str, p
             mean = [(s, records[s]["loss_mean"]) for s in steps if "loss_mean" in records[s]]
             ax.plot([p[0] for p in mean], [p[1] for p in mean], alpha=0.6, label="mean since last log")
             ax.legend(fontsize=7)
+        if is_fraction(key):
+            ax.set_ylim(0, 1)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
@@ -51,8 +66,19 @@ def _panels(records: dict[int, dict], keys: list[tuple[str, str]], title: str, p
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    return fig
+
+
+def save_figure(fig, path: Path, dpi: int = 100) -> None:
+    """Writes a matplotlib Figure to `path` and frees it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def _panels(records: dict[int, dict], keys: list[tuple[str, str]], title: str, path: Path) -> None:
+    save_figure(panels_figure(records, keys, title), path, dpi=90)
 
 
 def write_plots(workdir: str | Path) -> list[Path]:

@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 from sklearn import metrics as skm
+from triskele.train.bookkeeping.plots import save_figure
 from triskele.train.data.pipeline import Source
+from triskele.train.domains.deepfake.data import FAMILIES
 from triskele.train.domains.deepfake.metrics import family_aucs, metrics
 from triskele.train.evaluation import BatchEvaluator
 
@@ -33,28 +35,50 @@ def plot_roc(labels: np.ndarray, scores: np.ndarray, path: Path, title: str) -> 
     plt.close(fig)
 
 
-def plot_families(aucs: dict[str, float], path: Path) -> None:
-    """The cross-manipulation table as bars: frame and video AUC per family."""
+def family_names(aucs: dict[str, float]) -> list[str]:
+    """The families of the cross-manipulation table, in its order."""
+    return [key.split("/", 1)[1] for key in aucs if key.startswith("auc_frame/")]
+
+
+def unseen_families(options: Any, families: list[str], synthetic: bool) -> list[str]:
+    """The families of `families` whose fakes the run's training never read: every one where it
+    self-blended reals (`fakes=sbi`), else the held-out family and, on synthetic data, those no
+    training recipe makes (a run on disk trains on every method there but the held-out one)."""
+    if options.fakes == "sbi":
+        return list(families)
+    trained = set(FAMILIES) if synthetic else set(families)
+    return [f for f in families if f not in trained or f == options.holdout]
+
+
+def families_figure(aucs: dict[str, float], unseen: list[str], title: str):
+    """The cross-manipulation table as bars: frame and video AUC per family, the families not seen
+    in training hatched and named so, the 0.5 of a coin toss drawn; the legend right of the axes,
+    clear of the bars. A matplotlib Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    families = [key.split("/", 1)[1] for key in aucs if key.startswith("auc_frame/")]
+    families = family_names(aucs)
     x = np.arange(len(families))
-    fig, ax = plt.subplots(figsize=(1.2 * len(families) + 2, 3.5))
+    hatches = ["//" if f in unseen else "" for f in families]
+    fig, ax = plt.subplots(figsize=(1.2 * len(families) + 4, 3.8))
     for offset, level in ((-0.2, "frame"), (0.2, "video")):
         values = [aucs[f"auc_{level}/{f}"] for f in families]
-        bars = ax.bar(x + offset, values, width=0.4, label=f"{level} AUC")
+        bars = ax.bar(x + offset, values, width=0.4, label=f"{level} AUC", hatch=hatches, edgecolor="white")
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.axhline(0.5, color="k", linestyle="--", linewidth=0.8)
-    ax.set_xticks(x, families)
+    ax.axhline(0.5, color="k", linestyle="--", linewidth=0.8, label="chance (0.5)")
+    ax.set_xticks(x, [f"{f}\n(unseen)" if f in unseen else f for f in families])
     ax.set_ylim(0, 1.08)
     ax.set_ylabel("AUC (family's fakes vs all reals)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    handles = ax.get_legend_handles_labels()[0]
+    if unseen:
+        handles.append(Patch(facecolor="white", hatch="//", edgecolor="gray", label="not seen in training"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 class DeepfakeEvaluator(BatchEvaluator):
@@ -66,5 +90,16 @@ class DeepfakeEvaluator(BatchEvaluator):
         aucs = family_aucs(totals)
         if not aucs:
             return ["roc.png"]
-        plot_families(aucs, out_dir / "families.png")
+        config = self.parts.config
+        unseen = unseen_families(config.deepfake, family_names(aucs), synthetic=not config.data.path)
+        title = f"AUC per manipulation family (trained on {_trained_on(config)})"
+        save_figure(families_figure(aucs, unseen, title), out_dir / "families.png")
         return ["roc.png", "families.png"]
+
+
+def _trained_on(config: Any) -> str:
+    """What the run's training read as fakes, in words."""
+    options = config.deepfake
+    if options.fakes == "sbi":
+        return "self-blended reals only"
+    return f"its data's fakes, {options.holdout} held out" if options.holdout else "its data's fakes"

@@ -11,7 +11,6 @@ if TYPE_CHECKING:
     from flax import nnx
     from triskele.models.merch import SkuRecognizer
     from triskele.train.data.pipeline import Source
-    from triskele.train.evaluation import Evaluator
 
 
 @dataclasses.dataclass
@@ -51,20 +50,13 @@ def build_model(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer:
     return SkuRecognizer(vit_config(config, stages), len(class_names(config)), rngs=rngs)
 
 
-def evaluator(parts, for_report: bool = False) -> Evaluator:
-    """The shared batch evaluator with merch's metrics."""
-    from triskele.train.domains.merch.metrics import metrics
-    from triskele.train.evaluation import BatchEvaluator
-
-    return BatchEvaluator(parts, metrics)
-
-
 MERCH = register(Domain(
     name="merch", summary="visual merchandising: SKU recognition, open-set retrieval, planogram compliance",
     options=MerchOptions,
     preset={"model.channels": 3, "data.train_size": 20000, "data.eval_size": 1200, "run.steps": 1200,
             "run.eval_every": 600},
     build_model=build_model, open_split=open_split, class_names=read_class_names,
-    evaluator=evaluator, metric_names=Later("triskele.train.domains.merch.metrics", "NAMES"),
+    evaluator=Later("triskele.train.domains.merch.evaluator", "MerchEvaluator"),
+    metric_names=Later("triskele.train.domains.merch.metrics", "NAMES"),
     inference="triskele.eval.domains.merch", eval_commands=("gallery",),
 ))
