@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from triskele.eval.exported import EXPORT_FORMAT, EXPORT_VERSION, sidecar_path
-from triskele.eval.model import model_meta
+from triskele.eval.exported import EXPORT_FORMAT, EXPORT_VERSION, export_identity, run_files_path, sidecar_path
+from triskele.eval.model import LiveModel, model_meta
 from triskele.mesh import make_mesh
 from triskele.models.preprocess import describe_input
-from triskele.train.run import restore_run
+from triskele.train.run import RunParts, restore_run
 
 
 def parse_batch(text: str | int) -> int | None:
@@ -36,6 +36,21 @@ def parse_batch(text: str | int) -> int | None:
     if batch < 1:
         raise ValueError(f"--batch {text!r} must be a positive integer or 'dynamic'")
     return batch
+
+
+def carry_run_files(parts: RunParts, params: Any, step: int, workdir: Path, folder: Path,
+                    copy: dict[str, Any] | None = None) -> list[str]:
+    """Copies into `folder` what the domain's predict reads from the run's folder besides the
+    checkpoint (its inference module's `carry_files`, e.g. merch's gallery index), for a copy of
+    the run's model at `step`: a quantized copy, or an export (`copy`: its identity, as it computes
+    what the checkpoint does). Returns the files written."""
+    from triskele.eval.domains import inference_of
+
+    carry = getattr(inference_of(parts.domain), "carry_files", None)
+    if carry is None:
+        return []
+    source = LiveModel(parts, params, step=step).identity if copy is not None else None
+    return carry(workdir, folder, source, copy)
 
 
 def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dynamic", step: int | None = None,
@@ -56,6 +71,9 @@ def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dy
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_bytes(payload)
+    sha256 = hashlib.sha256(payload).hexdigest()
+    carried = carry_run_files(parts, state.params, step, Path(workdir), run_files_path(output),
+                              export_identity({"sha256": sha256, "step": step}))
     structure = jax.tree.unflatten(exported.out_tree, exported.out_avals)  # {name: abstract value}
     outputs = {name: {"shape": [d if isinstance(d, int) else None for d in aval.shape], "dtype": str(aval.dtype)}
                for name, aval in structure.items()}
@@ -63,8 +81,8 @@ def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dy
                "input_shape": [batch_size, *per_record], "input_dtype": "float32",
                "normalisation": describe_input(channels, model.normalisation), "outputs": outputs,
                "platforms": list(exported.platforms), "jax": jax.__version__, "source": str(Path(workdir).absolute()),
-               "step": step, "sha256": hashlib.sha256(payload).hexdigest()}
+               "step": step, "sha256": sha256, **({"run_files": run_files_path(output).name} if carried else {})}
     sidecar_path(output).write_text(json.dumps(sidecar, indent=2) + "\n")
     return {"output": str(output), "sidecar": str(sidecar_path(output)), "bytes": len(payload),
-            "input_shape": sidecar["input_shape"], "outputs": outputs}
+            "input_shape": sidecar["input_shape"], "outputs": outputs, "files_carried": carried}
 

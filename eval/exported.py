@@ -3,7 +3,9 @@ wrote, with numpy input, without the model's code or its checkpoint (this module
 
 FILE holds the serialized `jax.export` program (StableHLO, weights included); FILE.json beside it
 says what it is: domain, input shape, channels, class names, how pixels are expected, the
-platforms it was lowered for, and a SHA-256 of FILE.
+platforms it was lowered for, and a SHA-256 of FILE. FILE.files/ beside them, where FILE.json
+names it (`run_files`), holds what predict reads from a run's folder besides the model (a gallery
+index), laid out as in the run's folder.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ EXPORT_VERSION = 2
 
 def sidecar_path(path: str | Path) -> Path:
     return Path(f"{path}.json")
+
+
+def run_files_path(path: str | Path) -> Path:
+    return Path(f"{path}.files")
+
+
+def export_identity(meta: dict[str, Any]) -> dict[str, Any]:
+    """An export's SHA-256 (checked against the file when loaded) and the step it was exported from."""
+    return {"export_sha256": meta["sha256"], "step": meta.get("step")}
 
 
 class ExportedModel:
@@ -54,6 +65,8 @@ class ExportedModel:
         except Exception as err:  # a version of jax that cannot read it, or damage the hash did not catch
             raise ValueError(f"exported model {self.path} cannot be deserialized by jax {jax.__version__} "
                              f"(exported with jax {meta.get('jax')}): {err}") from None
+        if meta.get("run_files"):  # found beside FILE wherever FILE is now
+            meta["run_files"] = str(self.path.parent / meta["run_files"])
         self.meta: dict[str, Any] = meta
         fixed = meta["input_shape"][0]
         if fixed is not None and batch not in (None, fixed):
@@ -63,8 +76,7 @@ class ExportedModel:
 
     @property
     def identity(self) -> dict[str, Any]:
-        """The export's SHA-256 (checked against the file when loaded) and the step it was exported from."""
-        return {"export_sha256": self.meta["sha256"], "step": self.meta.get("step")}
+        return export_identity(self.meta)
 
     def dispatch(self, images: np.ndarray) -> dict[str, Any]:
         images = np.asarray(images, np.float32)

@@ -1,6 +1,7 @@
 """`python -m triskele.eval quantize`: a weight-quantized copy of a checkpoint for inference.
 
-The copy is a workdir of its own (config.json, checkpoints/<step>/) whose config says
+The copy is a workdir of its own (config.json, checkpoints/<step>/, and what predict reads from
+the run's folder, e.g. a gallery index, which predict rebuilds for it) whose config says
 `model.quantization`, so `eval`, `predict` and `evaluate_checkpoint` load it as they load any run.
 The kernels of the transformer blocks are quantized (`triskele.models.quantize`); norms, biases,
 embeddings and the domain heads stay float32. Arrays are converted one at a time on the host and
@@ -16,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from triskele.eval.export import carry_run_files
 from triskele.mesh import make_mesh, tree_shardings
 from triskele.models.layers import Dense
 from triskele.models.quantize import check_format, quantize
@@ -93,6 +95,7 @@ def quantize_checkpoint(workdir: str | Path, fmt: str, step: int | None = None, 
                "weight_bytes_float32": weight_bytes(state.params), "weight_bytes": weight_bytes(params),
                "kernel_bytes_float32": kernels["float32"], "kernel_bytes": kernels["quantized"],
                "kernel_bytes_with_scales": weight_bytes([_lookup(params, p) for p in quantized_paths])}
+    summary["files_carried"] = carry_run_files(parts, state.params, step, workdir, output)
     (output / "quantization.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

@@ -77,6 +77,31 @@ def test_planogram_comparison_on_a_hand_made_shelf():
     assert report["violations"][0]["found"] is None
 
 
+def test_the_shelf_overlay_colours_each_status_labels_violations_and_shows_the_score():
+    """Issue 36 item 5: ok, wrong SKU, gap and unexpected each in its own colour with a legend,
+    `expected -> found` on each violation, the compliance score in the picture."""
+    from triskele.eval.domains.merch import STATUSES, legend_lines, overlay_boxes, shelf_overlay
+
+    plan = np.array([["a", "b"], ["c", EMPTY]], dtype=object)
+    report = compliance_report(plan, np.array([["a", "x"], [EMPTY, "d"]], dtype=object))
+    assert report["counts"] == {"ok": 1, "wrong_sku": 1, "gap": 1, "unexpected": 1}
+    boxes = overlay_boxes(report, {"left": 0, "top": 0, "width": 64, "height": 64}, scale=3)
+    assert [(b["status"], b["label"]) for b in boxes] == [("ok", None), ("wrong_sku", "b -> x"),
+                                                          ("gap", "c -> empty"), ("unexpected", "empty -> d")]
+    assert len({b["colour"] for b in boxes}) == 4 and all(b["colour"] == STATUSES[b["status"]][0] for b in boxes)
+    assert boxes[3]["box"] == (96, 96, 192, 192)
+    legend = legend_lines(report)
+    assert legend[0] == (None, "compliance 25% (1 of 4 facings ok)")
+    assert [colour for colour, _ in legend[1:]] == [colour for colour, _ in STATUSES.values()]
+    picture = shelf_overlay(Image.new("RGB", (64, 64), (128, 128, 128)), report, None)
+    assert picture.width >= 192 and picture.height > 192  # facings enlarged to 96 px, the legend beneath
+    for box in boxes:
+        x0, y0, x1, y1 = box["box"]
+        assert picture.getpixel((int(x0) + 1, int((y0 + y1) / 2))) == box["colour"]  # its outline
+    for i, (colour, _) in enumerate(legend[1:]):
+        assert colour in {picture.getpixel((x, y)) for x in range(40) for y in range(192, picture.height)}, i
+
+
 def test_injected_violations_change_some_facings():
     rng = np.random.default_rng(0)
     plan = make_planogram(rng, 100, 3, 4)
@@ -189,15 +214,66 @@ def test_gallery_index_crop_and_shelf_prediction(trained, tmp_path, capsys):
                       "--mesh", "data=8"]) == 0, capsys.readouterr().err
     report = json.loads((out / "shelf.json").read_text())
     assert len(report["facings"]) == 4 and 0 <= report["compliance"] <= 1
-    assert Image.open(out / "shelf.png").size == (64, 64)
+    width, height = Image.open(out / "shelf.png").size
+    assert width >= 192 and height > 192  # 32-pixel facings enlarged to 96, a legend beneath
     rows = list(csv.DictReader((out / "predictions.csv").open()))
-    assert rows[0]["image"] == "crop.png" and rows[0]["top1"].startswith(("sku", "empty"))
-    assert rows[0]["gallery_nearest"] in {"sku0", "sku1", "sku2", "empty"}
+    assert rows[0]["image"] == "crop.png"
+    assert rows[0]["top1"] in {"sku0", "sku1", "sku2", "empty"}  # the gallery's names, nearest first
+    assert len({rows[0][f"top{k}"] for k in range(1, 5)}) == 4 and rows[0]["top5"] == ""  # 4 gallery SKUs
+    assert -1 <= float(rows[0]["top1_similarity"]) <= 1
+    assert rows[0]["class_top1"].startswith(("sku", "empty")) and 0 < float(rows[0]["class_top1_probability"]) <= 1
 
-    (inputs / "shelf.json").write_text(json.dumps({"rows": [["sku0", "sku9"], ["sku2", None]]}))
+    # Issue 36 item 4: a malformed planogram and one naming a SKU the gallery lacks are listed in
+    # errors.csv with their reasons, the good shelf and the crop written, exit 1 as for a bad image.
+    for name, plan in (("broken", '{"rows": [["sku0"'), ("stranger", '{"rows": [["sku0", "sku9"]]}')):
+        Image.fromarray(shelf).save(inputs / f"{name}.png")
+        (inputs / f"{name}.json").write_text(plan)
+    out = tmp_path / "out2"
     assert eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(out),
-                      "--mesh", "data=8"]) == 2
-    assert "names SKUs not in the gallery: ['sku9']" in capsys.readouterr().err
+                      "--mesh", "data=8", "--no-progress"]) == 1, capsys.readouterr().err
+    errors = {r["input"]: r["reason"] for r in csv.DictReader((out / "errors.csv").open())}
+    assert set(errors) == {"broken.png", "stranger.png"}
+    assert f"planogram {inputs / 'broken.json'} is not valid" in errors["broken.png"]
+    assert errors["stranger.png"] == f"planogram {inputs / 'stranger.json'} names SKUs not in the gallery: ['sku9']"
+    assert len(json.loads((out / "shelf.json").read_text())["facings"]) == 4 and (out / "shelf.png").is_file()
+    assert not (out / "broken.json").exists() and not (out / "stranger.png").exists()
+    assert [r["image"] for r in csv.DictReader((out / "predictions.csv").open())] == ["crop.png"]
+    assert json.loads((out / "summary.json").read_text())["unreadable"] == 2
+
+
+def test_a_quantized_or_exported_copy_carries_the_gallery(trained, tmp_path, capsys):
+    """Issue 36 item 5: predict on a quantized copy (its index rebuilt for the copy's weights from the
+    recorded references) and on an export alone (the index it carries, recorded as the export's)."""
+    import shutil
+
+    from triskele.eval.domains.merch import gallery_path
+    from triskele.eval.exported import load_exported, run_files_path
+
+    run = shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("gallery"))
+    _references(tmp_path / "refs")
+    assert eval_main(["gallery", "--workdir", str(run), "--input", str(tmp_path / "refs"), "--mesh", "data=8"]) == 0
+    shelves = tmp_path / "in"
+    _img(shelves / "shelf.png", 80)
+    (shelves / "shelf.json").write_text('{"rows": [["sku0", "sku1"]]}')
+
+    assert eval_main(["quantize", "--workdir", str(run), "--format", "int8", "--mesh", "data=8"]) == 0
+    copy = tmp_path / "run-int8"
+    assert gallery_path(copy).is_file()
+    capsys.readouterr()
+    assert eval_main(["predict", "--workdir", str(copy), "--input", str(shelves), "--output", str(tmp_path / "q"),
+                      "--mesh", "data=8", "--no-progress"]) == 0, capsys.readouterr().err
+    assert f"gallery index {gallery_path(copy)} rebuilt" in capsys.readouterr().out
+    assert len(json.loads((tmp_path / "q" / "shelf.json").read_text())["facings"]) == 2
+
+    exported = tmp_path / "m.jax"
+    assert eval_main(["export", "--workdir", str(run), "--output", str(exported)]) == 0
+    carried = gallery_path(run_files_path(exported))
+    assert json.loads(str(np.load(carried)["built_with"]))["model"] == load_exported(exported).identity
+    capsys.readouterr()
+    assert eval_main(["predict", "--exported", str(exported), "--input", str(shelves), "--output",
+                      str(tmp_path / "e"), "--no-progress"]) == 0, capsys.readouterr().err
+    assert "rebuilt" not in capsys.readouterr().out
+    assert len(json.loads((tmp_path / "e" / "shelf.json").read_text())["facings"]) == 2
 
 
 def _references(folder):
@@ -269,4 +345,5 @@ def test_crops_listed_from_two_folders_get_a_row_each(trained, tmp_path):
                       "--mesh", "data=8", "--no-progress"]) == 0
     rows = {r["image"]: r for r in csv.DictReader((tmp_path / "out" / "predictions.csv").open())}
     assert set(rows) == {"x/a/crop.png", "y/b/crop.png"}
-    assert rows["x/a/crop.png"]["top1_probability"] != rows["y/b/crop.png"]["top1_probability"]
+    first, second = ({k: v for k, v in rows[key].items() if k != "image"} for key in rows)
+    assert first != second

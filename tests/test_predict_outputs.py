@@ -94,3 +94,20 @@ def test_a_checkpoint_is_identified_by_its_step_and_parameters_on_any_mesh(tmp_p
 def test_an_export_is_identified_by_its_sha256():
     exported = load_exported(LEGACY / "mars.jax")
     assert exported.identity == {"export_sha256": exported.meta["sha256"], "step": exported.meta["step"]}
+
+
+def test_shelves_without_a_gallery_are_refused_naming_the_command_that_builds_one(tmp_path):
+    """Issue 36 item 5: a run's shelves name `gallery --workdir RUN`; an export alone names the run it
+    was exported from, and that exporting again carries the index."""
+    from triskele.eval.domains.merch import predict_io as merch_io
+
+    _picture(tmp_path / "in" / "shelf.png")
+    (tmp_path / "in" / "shelf.json").write_text('{"rows": [["a"]]}')
+    meta = {"image_size": 16, "class_names": ["a"], "channels": 3}
+    with pytest.raises(ValueError, match=rf"build one with python -m triskele.eval gallery --workdir {tmp_path}/run "
+                                         "--input REFERENCE_FOLDER$"):
+        input_units(merch_io(meta, {}, tmp_path / "run"), tmp_path / "in")
+    exported = {**meta, "source": "/runs/shop", "identity": {"export_sha256": "ab" * 32, "step": 3}}
+    with pytest.raises(ValueError, match=r"gallery --workdir /runs/shop --input REFERENCE_FOLDER, then export again "
+                                         r"\(the export carries it\) or predict with --workdir /runs/shop"):
+        input_units(merch_io(exported, {}, None), tmp_path / "in")

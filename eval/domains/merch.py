@@ -4,26 +4,115 @@ the evaluation is the model's over the split, its metrics `triskele.train.domain
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 from triskele.train.commands import Command
 from triskele.train.domains.merch.data import EMPTY
 
+STATUSES = {"ok": ((34, 160, 60), "ok"), "wrong_sku": ((220, 30, 30), "wrong SKU"),
+            "gap": ((255, 140, 0), "gap (planned SKU missing)"), "unexpected": ((30, 100, 230), "unexpected (extra)")}
+"""Each facing status of a compliance report: its colour in the shelf overlay and its name in the legend."""
+MIN_CELL = 96
+"""Pixels: a shelf photo whose facings are smaller is enlarged in its overlay, so labels stay legible."""
+
+
+def _status(expected, found) -> str:
+    if found == expected:
+        return "ok"
+    if found == EMPTY:
+        return "gap"
+    return "unexpected" if expected == EMPTY else "wrong_sku"
+
 
 def compliance_report(planogram: np.ndarray, predicted: np.ndarray) -> dict[str, Any]:
-    """Per-facing comparison of a planogram grid with the recognised SKUs (EMPTY = gap)."""
-    facings = []
-    for (row, col), expected in np.ndenumerate(planogram):
-        found = predicted[row, col]
-        status = "ok" if found == expected else ("gap" if found == EMPTY else "wrong_sku")
-        facings.append({"row": int(row), "col": int(col), "expected": _plain(expected), "found": _plain(found),
-                        "status": status})
-    compliant = sum(f["status"] == "ok" for f in facings)
-    return {"compliance": compliant / len(facings), "violations": [f for f in facings if f["status"] != "ok"],
-            "facings": facings}
+    """Per-facing comparison of a planogram grid with the recognised SKUs (EMPTY = gap): each
+    facing's status (`STATUSES`), how many facings have each, the share that is ok."""
+    facings = [{"row": int(row), "col": int(col), "expected": _plain(expected), "found": _plain(predicted[row, col]),
+                "status": _status(expected, predicted[row, col])} for (row, col), expected in np.ndenumerate(planogram)]
+    counts = {status: sum(f["status"] == status for f in facings) for status in STATUSES}
+    return {"compliance": counts["ok"] / len(facings), "counts": counts,
+            "violations": [f for f in facings if f["status"] != "ok"], "facings": facings}
+
+
+def _cells(grid: dict[str, float], rows: int, cols: int, scale: int) -> dict[tuple[int, int], tuple[float, ...]]:
+    """Each facing's pixel box (x0, y0, x1, y1) in a picture enlarged `scale` times."""
+    w, h = grid["width"] / cols, grid["height"] / rows
+    return {(r, c): tuple(scale * v for v in (grid["left"] + c * w, grid["top"] + r * h, grid["left"] + (c + 1) * w,
+                                             grid["top"] + (r + 1) * h)) for r in range(rows) for c in range(cols)}
+
+
+def overlay_boxes(report: dict[str, Any], grid: dict[str, float], scale: int = 1) -> list[dict[str, Any]]:
+    """What the shelf overlay draws: each facing's box, its status colour and, on a violation, its
+    label `expected -> found` ('empty' for none)."""
+    rows = 1 + max(f["row"] for f in report["facings"])
+    cells = _cells(grid, rows, 1 + max(f["col"] for f in report["facings"]), scale)
+    return [{"status": f["status"], "colour": STATUSES[f["status"]][0], "box": cells[f["row"], f["col"]],
+             "label": None if f["status"] == "ok" else f"{_shown(f['expected'])} -> {_shown(f['found'])}"}
+            for f in report["facings"]]
+
+
+def legend_lines(report: dict[str, Any]) -> list[tuple[tuple[int, int, int] | None, str]]:
+    """The overlay's legend: the compliance score, then each status's colour, name and count."""
+    ok, total = report["counts"]["ok"], len(report["facings"])
+    return [(None, f"compliance {report['compliance']:.0%} ({ok} of {total} facings ok)")] + [
+        (colour, f"{name}: {report['counts'][status]}") for status, (colour, name) in STATUSES.items()]
+
+
+def shelf_overlay(image: Image.Image, report: dict[str, Any], grid: dict[str, float] | None) -> Image.Image:
+    """The shelf photo (enlarged where its facings are under MIN_CELL pixels) with every facing
+    outlined in its status colour, `expected -> found` on each violation, and a legend with the
+    compliance score beneath."""
+    grid = grid or {"left": 0, "top": 0, "width": image.width, "height": image.height}
+    cell = min(grid["width"] / (1 + max(f["col"] for f in report["facings"])),
+               grid["height"] / (1 + max(f["row"] for f in report["facings"])))
+    scale = max(1, math.ceil(MIN_CELL / max(cell, 1)))
+    photo = image.convert("RGB").resize((image.width * scale, image.height * scale), Image.NEAREST)
+    draw, side = ImageDraw.Draw(photo), cell * scale
+    for box in overlay_boxes(report, grid, scale):
+        draw.rectangle(box["box"], outline=box["colour"], width=int(max(2, side / 60) if box["label"] is None
+                                                                    else max(4, side / 30)))
+        if box["label"] is not None:
+            _label(draw, box["box"], box["label"], box["colour"], int(side / 7))
+    return _with_legend(photo, legend_lines(report))
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    return ImageFont.load_default(size=max(10, size))
+
+
+def _label(draw: ImageDraw.ImageDraw, box: tuple[float, ...], text: str, colour: tuple[int, int, int],
+           size: int) -> None:
+    """`text` in white on `colour` at the top left of `box`, shrunk to the box's width where it can be."""
+    width = box[2] - box[0] - 8
+    size = max(10, min(size, int(size * width / max(draw.textlength(text, font=_font(size)), 1))))
+    font = _font(size)
+    x, y = box[0] + 4, box[1] + 4
+    draw.rectangle(draw.textbbox((x, y), text, font=font), fill=colour)
+    draw.text((x, y), text, fill=(255, 255, 255), font=font)
+
+
+def _with_legend(photo: Image.Image, lines: list[tuple[tuple[int, int, int] | None, str]]) -> Image.Image:
+    """`photo` above a white band of legend lines (a colour swatch before each that has a colour)."""
+    font = _font(max(12, photo.width // 40))
+    line = int(font.size * 1.5)
+    measure = ImageDraw.Draw(photo)
+    width = max(photo.width, max(int(measure.textlength(text, font=font)) for _, text in lines) + 2 * line)
+    canvas = Image.new("RGB", (width, photo.height + line * len(lines) + line // 2), (255, 255, 255))
+    canvas.paste(photo, (0, 0))
+    draw = ImageDraw.Draw(canvas)
+    for i, (colour, text) in enumerate(lines):
+        y = photo.height + line // 4 + i * line
+        if colour is not None:
+            draw.rectangle([line // 4, y + line // 8, line // 4 + font.size, y + line // 8 + font.size], fill=colour)
+        draw.text((line // 4 + (font.size + line // 4 if colour is not None else 0), y), text, fill=(0, 0, 0),
+                  font=font)
+    return canvas
 
 
 def _plain(value):
@@ -31,6 +120,11 @@ def _plain(value):
     if value == EMPTY:
         return None
     return value.item() if isinstance(value, np.generic) else value
+
+
+def _shown(value) -> str:
+    """A report's SKU as the overlay writes it: 'empty' for none."""
+    return "empty" if value is None else str(value)
 
 
 def gallery_path(workdir: Path) -> Path:
@@ -42,8 +136,6 @@ def build_gallery(model, input_dir: Path, workdir: Path) -> dict[str, Any]:
     with what it was built with (`built_with`): the model's identity, its preprocessing and the
     reference folder. A class folder named `empty` holds pictures of empty facings (gaps). `model`:
     a LiveModel or an ExportedModel."""
-    import io
-
     from triskele.eval.model import input_preprocessing
     from triskele.train.bookkeeping.files import write_atomically
     from triskele.train.data.images import read_image
@@ -112,48 +204,73 @@ def load_gallery(workdir: Path, meta: dict[str, Any]) -> tuple[np.ndarray, np.nd
         return index["embeddings"], index["names"].astype(str)
 
 
+def nearest_skus(embedding: np.ndarray, gallery: tuple[np.ndarray, np.ndarray], k: int = 5) -> list[tuple[str, float]]:
+    """The `k` gallery SKUs nearest to `embedding`, each once with its best cosine similarity, nearest first."""
+    embeddings, names = gallery
+    similarity = embeddings @ embedding
+    best: dict[str, float] = {}
+    for i in np.argsort(-similarity, kind="stable"):
+        best.setdefault(str(names[i]), float(similarity[i]))
+        if len(best) == k:
+            break
+    return list(best.items())
+
+
+def _gallery_command_for(meta: dict[str, Any], workdir: Path | None) -> str:
+    """How to build the index a shelf needs: in the run's folder, or (an exported model alone) in
+    the folder it was exported from, then carried by exporting again."""
+    if workdir is not None:
+        return f"python -m triskele.eval gallery --workdir {workdir} --input REFERENCE_FOLDER"
+    source = meta.get("source", "RUN")
+    return (f"python -m triskele.eval gallery --workdir {source} --input REFERENCE_FOLDER, then export again (the "
+            f"export carries it) or predict with --workdir {source} beside --exported")
+
+
 class MerchIO:
     """Shelf images with a planogram (`<stem>.json` beside `<stem>.jpg`): a compliance report
-    `NAME.json` and `NAME.png` with the violating facings outlined (NAME: the input's path under the
-    inputs' root, its suffix replaced, kept where two inputs share a stem). Other images are crops:
-    `predictions.csv` with the top-5 classes (and the nearest gallery SKU when the run has a gallery
-    index)."""
+    `NAME.json` and `NAME.png`, the shelf with each facing outlined in its status's colour (NAME:
+    the input's path under the inputs' root, its suffix replaced, kept where two inputs share a
+    stem); a shelf whose planogram is malformed or names SKUs the gallery lacks is listed in
+    errors.csv. Other images are crops: `predictions.csv` with the 5 nearest gallery SKUs when the
+    run has a gallery index (and the top training class beside them), else the top-5 classes."""
 
     def __init__(self, meta: dict[str, Any], workdir: Path | None):
         from triskele.train.data.images import IMAGE_SUFFIXES
 
-        self.size, self.names = meta["image_size"], meta["class_names"]
-        has_index = workdir is not None and gallery_path(workdir).is_file()
-        self.gallery = load_gallery(workdir, meta) if has_index else None
+        self.size, self.names, self.meta = meta["image_size"], meta["class_names"], meta
+        self.workdir = workdir if workdir is not None else _carried(meta)
+        has_index = self.workdir is not None and gallery_path(self.workdir).is_file()
+        self.gallery = load_gallery(self.workdir, meta) if has_index else None
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
 
     def units(self, root: Path, files: list[Path]):
-        """Each image (a shelf with its planogram, whose change redoes it); a shelf's planogram is
-        checked against the gallery before anything runs."""
+        """Each image (a shelf with its planogram, whose change redoes it); shelves without a
+        gallery index are refused before anything runs, naming the command that builds one."""
         from triskele.eval.engine import JOB_FILES, Unit, file_units
         from triskele.eval.inputs import refuse_clashes
-        from triskele.train.domains.merch.data import read_planogram
 
         units = [Unit(u.key, (u.paths[0], u.paths[0].with_suffix(".json")), u.stem)
                  if u.paths[0].with_suffix(".json").is_file() else u for u in file_units(root, files)]
         refuse_clashes({u.key: [u.named(".json"), u.named(".png")] for u in units if len(u.paths) == 2},
                        (*JOB_FILES, "predictions.csv"))
-        for shelf in (u.paths[0] for u in units if len(u.paths) == 2):
-            if self.gallery is None:
-                raise ValueError(f"shelf {shelf} needs a gallery index to recognise facings; build one first")
-            planogram = read_planogram(shelf.with_suffix(".json"))
-            missing = sorted({v for row in planogram["rows"] for v in row if v != EMPTY} - set(self.gallery[1]))
-            if missing:
-                raise ValueError(f"planogram {shelf.with_suffix('.json')} names SKUs not in the gallery: {missing}")
+        shelf = next((u.paths[0] for u in units if len(u.paths) == 2), None)
+        if shelf is not None and self.gallery is None:
+            raise ValueError(f"shelf {shelf} needs a gallery index to recognise facings; build one with "
+                             f"{_gallery_command_for(self.meta, self.workdir)}")
         return units
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
+        """A crop, or a shelf's facing crops with its planogram; ValueError (the input goes to
+        errors.csv) for an unreadable image, a malformed planogram or one naming SKUs the gallery lacks."""
         from triskele.train.data.images import read_image
         from triskele.train.domains.merch.data import facing_crops, read_planogram
 
         path = unit.paths[0]
         if len(unit.paths) == 2:
             planogram = read_planogram(unit.paths[1])
+            missing = sorted({v for row in planogram["rows"] for v in row if v != EMPTY} - set(self.gallery[1]))
+            if missing:
+                raise ValueError(f"planogram {unit.paths[1]} names SKUs not in the gallery: {missing}")
             return facing_crops(path, planogram, self.size), planogram
         return read_image(path, self.size, 3)[None], None
 
@@ -161,18 +278,15 @@ class MerchIO:
         if context is not None:
             return self._write_shelf(unit, context, outputs["embedding"], out_dir)
         probs = outputs["probabilities"][0]
-        top = np.argsort(-probs)[:5]
-        nearest = ""
+        classes = [self.names[j] for j in np.argsort(-probs)[:5]]
+        row = {"image": unit.key, "classes": classes, "class_probability": float(np.max(probs))}
         if self.gallery is not None:
-            nearest = str(self.gallery[1][int(np.argmax(outputs["embedding"][0] @ self.gallery[0].T))])
-        return {"image": unit.key, "top": [self.names[j] for j in top], "top1_probability": float(probs[top[0]]),
-                "gallery_nearest": nearest}
+            row["gallery"] = nearest_skus(outputs["embedding"][0], self.gallery)
+        return row
 
     def _write_shelf(self, unit, planogram: dict, embeddings: np.ndarray, out_dir: Path) -> dict[str, Any]:
-        import io
-
-        from PIL import Image, ImageDraw
         from triskele.train.bookkeeping.files import write_atomically
+        from triskele.train.data.images import open_image
 
         gallery, names = self.gallery
         found_names = names[np.argmax(embeddings @ gallery.T, axis=1)]
@@ -180,38 +294,80 @@ class MerchIO:
         rows, cols = len(planogram["rows"]), len(planogram["rows"][0])
         report = compliance_report(np.array(planogram["rows"], dtype=object), found.reshape(rows, cols))
         write_atomically(out_dir / unit.named(".json"), (json.dumps(report, indent=2) + "\n").encode())
-        picture = Image.open(unit.paths[0]).convert("RGB")
-        grid = planogram["grid"] or {"left": 0, "top": 0, "width": picture.width, "height": picture.height}
-        w, h = grid["width"] / cols, grid["height"] / rows
-        draw = ImageDraw.Draw(picture)
-        for v in report["violations"]:
-            x0, y0 = grid["left"] + v["col"] * w, grid["top"] + v["row"] * h
-            draw.rectangle([x0 + 1, y0 + 1, x0 + w - 2, y0 + h - 2], outline=(255, 0, 0), width=3)
         buffer = io.BytesIO()
-        picture.save(buffer, format="PNG")
+        shelf_overlay(open_image(unit.paths[0]), report, planogram["grid"]).save(buffer, format="PNG")
         write_atomically(out_dir / unit.named(".png"), buffer.getvalue())
         return {"shelf": unit.key, "compliance": report["compliance"]}
 
     def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
+        """predictions.csv: top1..top5 name the gallery's SKUs when one is loaded (top1_similarity:
+        the cosine similarity; class_top1: the training class beside), else the training classes."""
         from triskele.eval.engine import write_csv
 
         crops = [r for r in rows if "image" in r]
         if not crops:
             return []
-        write_csv(out_dir / "predictions.csv",
-                  ["image"] + [f"top{k}" for k in range(1, 6)] + ["top1_probability", "gallery_nearest"],
-                  [[r["image"], *r["top"], *[""] * (5 - len(r["top"])), f"{r['top1_probability']:.4f}",
-                    r["gallery_nearest"]] for r in crops])
+        top = [f"top{k}" for k in range(1, 6)]
+        if self.gallery is None:
+            write_csv(out_dir / "predictions.csv", ["image", *top, "top1_probability"],
+                      [[r["image"], *_five(r["classes"]), f"{r['class_probability']:.4f}"] for r in crops])
+        else:
+            write_csv(out_dir / "predictions.csv",
+                      ["image", *top, "top1_similarity", "class_top1", "class_top1_probability"],
+                      [[r["image"], *_five([n for n, _ in r.get("gallery", [])]), _similarity(r), r["classes"][0],
+                        f"{r['class_probability']:.4f}"] for r in crops])
         return ["predictions.csv"]
+
+
+def _five(names: list[str]) -> list[str]:
+    return [*names[:5], *[""] * (5 - len(names[:5]))]
+
+
+def _similarity(row: dict[str, Any]) -> str:
+    """The nearest gallery SKU's similarity ('' for a row recorded before the gallery was built)."""
+    return f"{row['gallery'][0][1]:.4f}" if row.get("gallery") else ""
+
+
+def _carried(meta: dict[str, Any]) -> Path | None:
+    """The run files an exported model carries beside it (its gallery index), if any."""
+    return Path(meta["run_files"]) if meta.get("run_files") else None
+
+
+def carry_files(workdir: Path, folder: Path, source: dict[str, Any] | None = None,
+                copy: dict[str, Any] | None = None) -> list[str]:
+    """Copies the run's gallery index into `folder` (a quantized copy's run folder, an exported
+    model's run files) so that predict with the copy finds it; returns what it wrote. `copy`: the
+    copy's identity where it computes what the checkpoint `source` (its identity) computes (an export
+    of the same weights): an index built by `source` is recorded as built by the copy. Otherwise predict
+    rebuilds it from its reference folder, as any index built by another model."""
+    from triskele.train.bookkeeping.files import write_atomically
+
+    if not gallery_path(workdir).is_file():
+        return []
+    with np.load(gallery_path(workdir)) as index:
+        arrays = dict(index)
+    built = _built_with(workdir)
+    if copy is not None and built.get("model") == source:
+        arrays["built_with"] = np.array(json.dumps({**built, "model": copy}))
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_atomically(gallery_path(folder), buffer.getvalue())
+    return [str(gallery_path(folder))]
 
 
 def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> MerchIO:
     """`workdir`: the run's folder, where the gallery index is kept (merch has no predict flags);
-    `meta` with the model's `identity` refuses an index built by another model."""
+    an exported model alone reads the index it carries. `meta` with the model's `identity` refuses
+    an index built by another model."""
     return MerchIO(meta, workdir)
 
 
-before_predict = refresh_gallery
+def _refresh(model, workdir: Path | None) -> dict[str, Any] | None:
+    """`refresh_gallery` on the run's folder, or on an exported model's carried run files."""
+    return refresh_gallery(model, workdir if workdir is not None else _carried(model.meta))
+
+
+before_predict = _refresh
 """What `triskele.eval.evaluate.predict` runs first with the model: a stale gallery index rebuilt."""
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
-from triskele.train.data.images import IMAGE_SUFFIXES, read_image
+from triskele.train.data.images import IMAGE_SUFFIXES, open_image, read_image
 from triskele.train.data.splits import check_split, hold_out
 
 EMPTY = -1
@@ -316,17 +316,27 @@ def read_planogram(path: Path) -> dict:
     (grid: the pixel box that the facings tile, rows x columns of equal cells; default the whole image)."""
     try:
         data = json.loads(Path(path).read_text())
-        rows = data["rows"]
-        if not rows or len({len(r) for r in rows}) != 1:
-            raise ValueError("'rows' must be a non-empty list of equally long lists")
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        rows, grid = data["rows"], data.get("grid")
+        if not isinstance(rows, list) or not all(isinstance(r, list) and r for r in rows) or \
+                len({len(r) for r in rows}) != 1:
+            raise ValueError("'rows' must be a non-empty list of equally long, non-empty lists")
+        if grid is not None and not (isinstance(grid, dict) and _is_box(grid)):
+            raise ValueError("'grid' must be {\"left\", \"top\", \"width\", \"height\"} in pixels, width and "
+                             "height positive")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(f"planogram {path} is not valid: {err}") from None
-    return {"rows": [[EMPTY if v is None else str(v) for v in row] for row in rows], "grid": data.get("grid")}
+    return {"rows": [[EMPTY if v is None else str(v) for v in row] for row in rows], "grid": grid}
+
+
+def _is_box(grid: dict) -> bool:
+    values = [grid.get(k) for k in ("left", "top", "width", "height")]
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values) and min(values[2:]) > 0
 
 
 def facing_crops(image_path: Path, planogram: dict, size: int) -> np.ndarray:
-    """The facing cells of a shelf image as (rows*cols, size, size, 3) crops, in row-major order."""
-    image = Image.open(image_path).convert("RGB")
+    """The facing cells of a shelf image as (rows*cols, size, size, 3) crops, in row-major order
+    (ValueError naming the file if it is not an image)."""
+    image = open_image(image_path).convert("RGB")
     grid = planogram["grid"] or {"left": 0, "top": 0, "width": image.width, "height": image.height}
     rows, cols = len(planogram["rows"]), len(planogram["rows"][0])
     w, h = grid["width"] / cols, grid["height"] / rows
