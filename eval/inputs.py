@@ -43,10 +43,11 @@ def list_inputs(spec: str | Path, suffixes: tuple[str, ...]) -> tuple[Path, list
         fixed = path.parts[: next(i for i, part in enumerate(path.parts) if glob.has_magic(part))]
         root = Path(*fixed) if fixed else Path(".")
     else:
-        raise ValueError(f"--input {text!r} is not a folder, a file, a glob or a text file of paths")
+        raise ValueError(f"--input {text!r} does not exist; give a folder (searched recursively), a file, a glob in "
+                         "quotes or a .txt file of paths")
     files = sorted({_absolute(f) for f in files})
     if not files:
-        raise ValueError(f"--input {text!r} holds no inputs ({', '.join(suffixes)})")
+        raise ValueError(f"--input {text!r} holds no inputs: no file there ends in {', '.join(suffixes)}")
     return _absolute(root), files
 
 

@@ -100,6 +100,7 @@ def load_model(workdir: str | Path | None, exported: str | Path | None = None, m
 
         return load_exported(exported, batch)
     if workdir is None:
-        raise ValueError("predict needs --workdir (a checkpoint) or --exported FILE")
+        raise ValueError("predict needs --workdir DIR (a training run's folder, for its checkpoint) or --exported FILE "
+                         "(written by `python -m triskele.eval export`)")
     parts, params, step = restore_params(Path(workdir), make_mesh(mesh or "", devices=jax.local_devices()), step)
     return LiveModel(parts, params, batch, step)

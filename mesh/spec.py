@@ -48,7 +48,8 @@ class MeshSpec:
             if name not in MESH_AXES:
                 raise ValueError(f"mesh spec {text!r}: unknown axis {name!r}; axes are {', '.join(MESH_AXES)}")
             if name in sizes:
-                raise ValueError(f"mesh spec {text!r}: axis {name!r} is given twice")
+                raise ValueError(f"mesh spec {text!r}: axis {name!r} is given twice; give each axis once, e.g. "
+                                 "'data=2,tensor=4'")
             try:
                 size = int(str(value).strip())
             except ValueError:
@@ -99,6 +100,16 @@ class MeshSpec:
         return sizes
 
 
+def _simulated_devices_hint(spec: MeshSpec, devices: Sequence[jax.Device]) -> str:
+    """On CPU, how to get the devices a spec asks for: XLA simulates them."""
+    wanted = math.prod(v for v in spec.sizes().values() if v != -1)
+    if wanted <= len(devices) or any(d.platform != "cpu" for d in devices):
+        return ""
+    return (f". On CPU, XLA can simulate {wanted} devices: set XLA_FLAGS=--xla_force_host_platform_device_count="
+            f"{wanted} in the environment before JAX starts (e.g. `XLA_FLAGS=--xla_force_host_platform_device_count="
+            f"{wanted} python -m triskele.train ...`), or use --mesh auto, which fits the devices there are")
+
+
 def make_mesh(
     spec: str | Mapping[str, int] | MeshSpec | None,
     devices: Sequence[jax.Device] | None = None,
@@ -110,7 +121,11 @@ def make_mesh(
     with `create_hybrid_device_mesh`, so the other axes, `tensor` above all, stay inside a host.
     """
     devices = list(jax.devices() if devices is None else devices)
-    sizes = MeshSpec.parse(spec).resolve(len(devices))
+    parsed = MeshSpec.parse(spec)
+    try:
+        sizes = parsed.resolve(len(devices))
+    except ValueError as err:
+        raise ValueError(f"{err}{_simulated_devices_hint(parsed, devices)}") from None
     shape = tuple(sizes[name] for name in MESH_AXES)
     axis_types = (AxisType.Auto,) * len(MESH_AXES)
     if not dcn:
@@ -118,10 +133,11 @@ def make_mesh(
     dcn_sizes = MeshSpec.parse(dcn).sizes()
     hosts = len({d.process_index for d in devices})
     if -1 in dcn_sizes.values() or math.prod(dcn_sizes.values()) != hosts:
-        raise ValueError(f"--dcn '{dcn}' must multiply to the {hosts} processes, with no -1")
+        raise ValueError(f"--dcn '{dcn}' must multiply to the {hosts} processes, with no -1 (e.g. --dcn data={hosts})")
     for name in MESH_AXES:
         if sizes[name] % dcn_sizes[name]:
-            raise ValueError(f"--dcn '{dcn}': mesh {name}={sizes[name]} is not divisible by {dcn_sizes[name]} hosts")
+            raise ValueError(f"--dcn '{dcn}': mesh {name}={sizes[name]} is not divisible by {dcn_sizes[name]} hosts; "
+                             f"make the mesh's {name} a multiple of {dcn_sizes[name]} or span fewer hosts on it")
     ici = tuple(sizes[name] // dcn_sizes[name] for name in MESH_AXES)
     dcn_shape = tuple(dcn_sizes[name] for name in MESH_AXES)
     grid = mesh_utils.create_hybrid_device_mesh(ici, dcn_shape, devices, process_is_granule=True)

@@ -18,6 +18,7 @@ from conftest import assert_trees_close, relative_error
 from PIL import Image
 from test_train_engine import poison_step
 from trainutil import SMALL, final_params, mesh_of, run, small_config, step_records
+from triskele.eval.cli import main as eval_main
 from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.train import train
 from triskele.train.cli import main as train_main
@@ -170,6 +171,26 @@ def test_when_no_checkpoint_restores_the_run_exits_2_listing_what_was_tried(six_
     assert "no checkpoint in" in err and "checkpoint step 6" in err and "checkpoint step 3" in err
 
 
+def test_eval_of_a_step_never_saved_exits_2_listing_the_saved_steps(six_steps, capsys):
+    base, _, _ = six_steps
+    assert eval_main(["--workdir", str(base), "--step", "123"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint step 123 was never saved in" in err and "steps saved there: 3, 6." in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_eval_of_a_corrupt_latest_checkpoint_names_the_newest_step_that_restores(kind, six_steps, tmp_path, capsys):
+    base, _, _ = six_steps
+    shutil.copytree(base, tmp_path / "run")
+    corrupt(tmp_path / "run" / "checkpoints" / "6", kind)
+    assert eval_main(["--workdir", str(tmp_path / "run"), "--mesh", "data=8"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint step 6 in" in err and "cannot be restored" in err, err[-2000:]
+    assert "the newest step that restores is 3: pass --step 3" in err
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == ["3", "6"]
+
+
 def test_a_failed_save_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path):
     train(small_config(**{**CHAIN, "run.steps": 8}), tmp_path, mesh=mesh_of("single"), progress=False,
           stop_after_step=4)
@@ -239,6 +260,22 @@ def test_error_mode_names_the_broken_file(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert any(name in err for name in broken), err[-2000:]
+
+
+def test_a_0_byte_image_is_called_an_empty_file_by_the_readers_and_in_predicts_errors(six_steps, tmp_path):
+    from triskele.train.data.images import image_size, open_image, read_mask
+
+    (tmp_path / "in").mkdir()
+    empty = tmp_path / "in" / "empty.png"
+    empty.write_bytes(b"")
+    Image.fromarray(np.zeros((32, 32), np.uint8)).save(tmp_path / "in" / "good.png")
+    for read in (open_image, image_size, read_mask):
+        with pytest.raises(ValueError, match=rf"^cannot read image {empty}: empty file \(0 bytes\)$"):
+            read(empty)
+    assert eval_main(["predict", "--workdir", str(six_steps[0]), "--input", str(tmp_path / "in"), "--output",
+                      str(tmp_path / "out"), "--mesh", "data=8", "--no-progress"]) == 1
+    rows = (tmp_path / "out" / "errors.csv").read_text().splitlines()
+    assert rows[1:] == [f"empty.png,cannot read image {empty}: empty file (0 bytes)"]
 
 
 def test_skip_mode_leaves_the_state_bit_identical_on_a_non_finite_step(tmp_path, monkeypatch, devices):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from flax.traverse_util import flatten_dict
+from PIL import Image
 from trainutil import mesh_of
 from triskele.eval.cli import main as eval_main
 from triskele.models import ViT, ViTConfig
@@ -285,3 +286,24 @@ def test_export_weights_cli_writes_timm_names(vit_files, tmp_path, capsys, devic
                       "--output", str(out)]) == 2
     assert "unknown export format 'onnx'; choose one of timm" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "run")
+
+
+@pytest.mark.parametrize("kind", ["image", "text", "npy named .npz"])
+def test_init_from_a_file_that_holds_no_weights_says_so_and_lists_what_is_read(kind, tmp_path, capsys):
+    if kind == "image":
+        path = tmp_path / "cat.png"
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(path)
+    elif kind == "text":
+        path = tmp_path / "notes.txt"
+        path.write_text("the run's notes, not weights\n" * 20)
+    else:
+        path = tmp_path / "weights.npz"
+        np.save(tmp_path / "weights.npy", np.zeros(3))
+        (tmp_path / "weights.npy").rename(path)
+    code = train_main(["--workdir", str(tmp_path / "run"), "--preset", "mars-tiny", "--init-from", str(path),
+                       "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: model.init_from {path} is not a weights file: it is not a ")
+    assert "a timm or Hugging Face .safetensors file, a Hugging Face save_pretrained folder" in err
+    assert "ViT/big_vision .npz" in err and "Traceback" not in err

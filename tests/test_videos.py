@@ -115,6 +115,21 @@ def test_prepare_writes_the_layout_the_loader_reads_and_a_rerun_skips(prepared, 
     assert summary["skipped"] == 8 and summary["prepared"] == 0
 
 
+def test_prepare_lists_each_failed_video_and_its_reason_on_stderr(prepared, tmp_path, capsys):
+    raw, out = prepared
+    shutil.copytree(raw, tmp_path / "raw")
+    shutil.copytree(out, tmp_path / "out")  # the eight good videos are done: this run reads only the broken two
+    videos = tmp_path / "raw" / "original_sequences" / "youtube" / "c23" / "videos"
+    (videos / "empty.mp4").write_bytes(b"")
+    (videos / "cut.mp4").write_bytes((videos / "000.mp4").read_bytes()[:300])
+    assert train_main(["prepare", "deepfake", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "out"),
+                       "--frames", "8", "--no-progress"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("2 of 10 videos failed")
+    for name, line in zip(("cut.mp4", "empty.mp4"), err[1:], strict=True):
+        assert line.startswith(f"  original_sequences/youtube/c23/videos/{name}: cannot read video "), line
+
+
 @pytest.fixture(scope="module")
 def trained(prepared, tmp_path_factory):
     _, out = prepared

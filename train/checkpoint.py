@@ -7,9 +7,10 @@ A relaunch whose config changes what a checkpoint's state is (shapes, dtypes, th
 refused before restoring, nothing moved (`triskele.train.resume_check`). A checkpoint that does not
 restore (no commit marker, truncated or garbled files) is moved aside to
 `checkpoints/corrupt-<step>/` when training starts, and the newest one that restores is used; a
-read-only user (evaluation) gets a clear error instead and nothing is moved. A save that fails
-(disk full, permissions) stops the run with `CheckpointSaveError`; Orbax writes into a temporary
-folder and renames it when complete, so the checkpoints before it stay intact.
+read-only user (evaluation) gets a clear error naming the newest step that does restore instead,
+and nothing is moved. A save that fails (disk full, permissions) stops the run with
+`CheckpointSaveError`; Orbax writes into a temporary folder and renames it when complete, so the
+checkpoints before it stay intact.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,28 +47,39 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"
 
 
+def _writing(cfg: CheckpointConfig) -> ocp.CheckpointManagerOptions:
+    """Asynchronous saves; the last `cfg.keep` and the best by `cfg.best_metric` kept."""
+    keep = [
+        policies.LatestN(n=cfg.keep),
+        policies.BestN(
+            get_metric_fn=lambda metrics: metrics[cfg.best_metric],
+            reverse=cfg.best_mode == "min",
+            n=1,
+            keep_checkpoints_without_metrics=False,
+        ),
+    ]
+    return ocp.CheckpointManagerOptions(
+        preservation_policy=policies.AnyPreservationPolicy(keep),
+        enable_async_checkpointing=True,
+        save_interval_steps=1,
+    )
+
+
+def _reading() -> ocp.CheckpointManagerOptions:
+    """A manager that only restores: it creates no folder, and as it never saves it never deletes a
+    checkpoint (`Checkpoints.save` refuses a reader). Not Orbax's `read_only`, which only skips saves
+    and deletes, and logs a warning ('Given directory is read only') on every open."""
+    return ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
+
+
 class Checkpoints:
+    """The run's checkpoints; `read_only`: for evaluation and inference, which never save or move one."""
+
     def __init__(self, directory: str | Path, cfg: CheckpointConfig, read_only: bool = False):
         self.directory = Path(directory).absolute()
         self.best_metric = cfg.best_metric
         self.read_only = read_only
-        keep = [
-            policies.LatestN(n=cfg.keep),
-            policies.BestN(
-                get_metric_fn=lambda metrics: metrics[cfg.best_metric],
-                reverse=cfg.best_mode == "min",
-                n=1,
-                keep_checkpoints_without_metrics=False,
-            ),
-        ]
-        options = ocp.CheckpointManagerOptions(
-            preservation_policy=policies.AnyPreservationPolicy(keep),
-            enable_async_checkpointing=True,
-            read_only=read_only,
-            create=not read_only,
-            save_interval_steps=0 if read_only else 1,
-        )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = ocp.CheckpointManager(self.directory, options=_reading() if read_only else _writing(cfg))
         self.saving: int | None = None
         self.failed = False
 
@@ -86,6 +99,9 @@ class Checkpoints:
     ) -> None:
         """Starts an asynchronous save (a no-op if `step` is already saved). A failure of this save
         or of the previous one raises CheckpointSaveError."""
+        if self.read_only:
+            raise ValueError(f"checkpoints in {self.directory} were opened read-only (for evaluation); "
+                             "saving needs Checkpoints(..., read_only=False)")
         if step in self.manager.all_steps():
             return
         if metrics is not None and self.best_metric not in metrics:
@@ -118,47 +134,79 @@ class Checkpoints:
     def restore(self, step: int, target: TrainState) -> tuple[TrainState, dict[str, Any]]:
         """Restores `step` into `target` (ShapeDtypeStructs with the shardings wanted); a ValueError
         naming the step and the reason when it does not restore."""
-        if step not in self.manager.all_steps():
-            raise ValueError(
-                f"checkpoint step {step} is not in {self.directory}; steps there: {self.all_steps() or 'none'}"
-            )
-        reason = self.problem(step)
-        if reason is None:
-            try:
-                restored = self.manager.restore(
-                    step,
-                    args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
-                )
-                return restored["state"], restored["data"]
-            except Exception as err:  # TensorStore, JSON and Orbax errors alike mean: does not restore
-                reason = _reason(err)
-        raise ValueError(f"checkpoint step {step} in {self.directory} cannot be restored: {reason}")
+
+        def read(step: int) -> tuple[TrainState, dict[str, Any]]:
+            restored = self.manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+            return restored["state"], restored["data"]
+
+        return self._read(step, read)
 
     def restore_params(self, step: int, target: Any) -> Any:
         """Only the parameters of checkpoint `step` (no optimizer moments: a third of the memory),
         restored into `target` (ShapeDtypeStructs with the shardings wanted)."""
-        if step not in self.manager.all_steps():
-            raise ValueError(
-                f"checkpoint step {step} is not in {self.directory}; steps there: {self.all_steps() or 'none'}"
-            )
+        item = {"params": target}
+        restore_args = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding), item)
+
+        def read(step: int) -> Any:
+            restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                item=item, restore_args=restore_args, partial_restore=True)))
+            return restored["state"]["params"]
+
+        return self._read(step, read)
+
+    def restore_config(self, step: int) -> dict[str, Any]:
+        """The config saved with checkpoint `step`."""
+        return self._read(step, lambda step: self.manager.restore(
+            step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"])
+
+    def _check_saved(self, step: int) -> None:
+        """A ValueError listing the steps saved when `step` is not one of them."""
+        steps = sorted(self.all_steps())
+        if step not in steps:
+            listed = ", ".join(map(str, steps)) if steps else "none"
+            raise ValueError(f"checkpoint step {step} was never saved in {self.directory}; steps saved there: "
+                             f"{listed}. Pass one of them as --step, or leave --step out for the latest")
+
+    def _read(self, step: int, read: Callable[[int], Any]) -> Any:
+        """`read(step)`; a ValueError naming the step and why it does not restore, and (read-only: nothing
+        is moved aside) the newest step before it that does."""
+        self._check_saved(step)
+        try:
+            return self._attempt(step, read)
+        except ValueError as err:
+            if not self.read_only:
+                raise
+            readable = self._newest_readable(step, read)
+            hint = (f"the newest step that restores is {readable}: pass --step {readable}" if readable is not None
+                    else "no step before it restores either")
+            raise ValueError(f"{str(err).rstrip('.')}; {hint}") from None
+
+    def _attempt(self, step: int, read: Callable[[int], Any]) -> Any:
         reason = self.problem(step)
         if reason is None:
-            item = {"params": target}
-            restore_args = jax.tree.map(lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding), item)
             try:
-                restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-                    item=item, restore_args=restore_args, partial_restore=True)))
-                return restored["state"]["params"]
+                return read(step)
             except Exception as err:  # TensorStore, JSON and Orbax errors alike mean: does not restore
                 reason = _reason(err)
         raise ValueError(f"checkpoint step {step} in {self.directory} cannot be restored: {reason}")
+
+    def _newest_readable(self, before: int, read: Callable[[int], Any]) -> int | None:
+        for step in sorted((s for s in self.all_steps() if s < before), reverse=True):
+            try:
+                self._attempt(step, read)
+                return step
+            except ValueError:
+                continue
+        return None
 
     def restore_newest(self, target: TrainState) -> tuple[TrainState, dict[str, Any], int] | None:
         """The newest checkpoint that restores (None if there is none at all). Each newer one that
         does not is moved aside to corrupt-<step>/ with a warning; if none restores, a ValueError
         lists what was tried."""
         if self.read_only:
-            raise ValueError("restore_newest moves corrupt checkpoints aside; it needs a writable manager")
+            raise ValueError("restore_newest moves corrupt checkpoints aside; "
+                             "it needs Checkpoints(..., read_only=False)")
         tried = []
         for step in sorted(self.all_steps(), reverse=True):
             try:
@@ -185,13 +233,6 @@ class Checkpoints:
 
             multihost_utils.sync_global_devices(f"triskele-corrupt-{step}")
         self.manager.reload()
-
-    def restore_config(self, step: int) -> dict[str, Any]:
-        try:
-            return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
-        except Exception as err:
-            raise ValueError(f"checkpoint step {step} in {self.directory} has no readable config: "
-                             f"{_reason(err)}") from None
 
     def wait(self) -> None:
         """Waits for the save in flight; CheckpointSaveError if it failed."""

@@ -387,7 +387,8 @@ def _apply(config: Any, key: str, value: Any, prefix: str = "") -> None:
         _apply(current, rest, value, full + ".")
         return
     if rest:
-        raise ValueError(f"config key {full!r} has no field {rest!r}")
+        raise ValueError(f"config key {full!r} is a value, not a section: {full}.{rest} does not exist; "
+                         f"set {full}=VALUE")
     value = _LEGACY_VALUES.get(full, {}).get(value, value) if isinstance(value, bool) else value
     setattr(config, head, _coerce(full, value, types[head]))
     if isinstance(config, Config) and head == "domain":
@@ -411,14 +412,16 @@ def parse_override(text: str) -> tuple[str, Any]:
 def load_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"config file {str(path)!r} does not exist")
+        raise ValueError(f"config file {str(path)!r} does not exist; --config takes a YAML or JSON file of "
+                         "overrides (nested or dotted keys)")
     text = path.read_text()
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=YamlLoader)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ValueError(f"config file {str(path)!r} is not valid {path.suffix[1:] or 'YAML'}: {err}") from None
     if not isinstance(data, Mapping):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping of keys to values")
+        raise ValueError(f"config file {str(path)!r} holds a {type(data).__name__}, not a mapping of keys to values; "
+                         "write e.g. `optim: {lr: 0.0003}` or `optim.lr: 0.0003`")
     return dict(data)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,13 @@ from triskele.models.weights import (
 )
 from triskele.train.backbone import DEFAULT_NORM_EPS
 from triskele.train.config import Config
-from triskele.train.safetensors import SafetensorsFile
+from triskele.train.safetensors import NotSafetensors, SafetensorsFile
 from triskele.train.state import TrainState
+
+ACCEPTED = ("model.init_from takes a timm or Hugging Face .safetensors file, a Hugging Face save_pretrained folder "
+            "(one .safetensors file, optionally config.json) or a ViT/big_vision .npz file; PyTorch .bin/.pth "
+            "files are not read (convert them with safetensors.torch.save_file)")
+"""The weight files `model.init_from` reads, for the errors about one it cannot."""
 
 
 class WeightFile:
@@ -51,21 +57,28 @@ class WeightFile:
             candidates = sorted(path.glob("*.safetensors"))
             if len(candidates) != 1:
                 raise ValueError(f"model.init_from folder {path} must hold one .safetensors file (found "
-                                 f"{len(candidates)}); sharded checkpoints are not read, pass the file itself")
+                                 f"{len(candidates)}); sharded checkpoints are not read, pass the file itself. "
+                                 + ACCEPTED)
             path = candidates[0]
         if not path.is_file():
-            raise ValueError(f"model.init_from {str(path)!r} does not exist; give a .safetensors or .npz file, or a "
-                             "Hugging Face save_pretrained folder")
+            raise ValueError(f"model.init_from {str(path)!r} does not exist. {ACCEPTED}")
         self.path = path
         if path.suffix == ".npz":
+            if not zipfile.is_zipfile(path):
+                raise ValueError(f"model.init_from {path} is not a weights file: it is not a .npz archive (a zip "
+                                 f"of arrays, as numpy.savez writes). {ACCEPTED}")
             try:
                 self._npz = np.load(path)
                 self.shapes = {k: self._npz[k].shape for k in self._npz.files}
             except (OSError, ValueError) as err:
-                raise ValueError(f"{path} is not a readable .npz file: {err}") from None
+                raise ValueError(f"model.init_from {path} is not a readable .npz file: {err}") from None
             self.get = lambda key: self._npz[key]
         else:
-            tensors = SafetensorsFile(path)
+            try:
+                tensors = SafetensorsFile(path)
+            except NotSafetensors as err:
+                raise ValueError(f"model.init_from {path} is not a weights file: it is not a readable safetensors "
+                                 f"file ({err.reason}). {ACCEPTED}") from None
             self.shapes, self.get = tensors.shapes, tensors.get
         if self.config is None and (path.parent / "config.json").is_file() and path.suffix == ".safetensors":
             self.config = json.loads((path.parent / "config.json").read_text())

@@ -109,12 +109,15 @@ def _open_run(workdir: str | Path, mesh: Mesh | None, step: int | None, override
               choose_mesh: MeshChooser | None = None) -> tuple[RunParts, Checkpoints, int]:
     checkpoint_dir = Path(workdir) / "checkpoints"
     if not checkpoint_dir.is_dir():
-        raise ValueError(f"workdir {str(workdir)!r} has no checkpoints/ folder; train there first")
+        missing = "does not exist" if not Path(workdir).is_dir() else "has no checkpoints/ folder"
+        raise ValueError(f"workdir {str(workdir)!r} {missing}: give --workdir the folder a training run wrote "
+                         "(python -m triskele.train --workdir DIR)")
     checkpoints = Checkpoints(checkpoint_dir, CheckpointConfig(), read_only=True)
     try:
         step = checkpoints.latest_step() if step is None else step
         if step is None:
-            raise ValueError(f"{checkpoint_dir} holds no checkpoint; train there first")
+            raise ValueError(f"{checkpoint_dir} holds no checkpoint yet (a run saves one every checkpoint.every "
+                             "steps and when it stops); train there first")
         config = config_from_dict({**checkpoints.restore_config(step), **(overrides or {})})
         return prepare(config, mesh, choose_mesh), checkpoints, step
     except BaseException:

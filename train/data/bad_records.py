@@ -40,7 +40,8 @@ class SkipBadRecords:
                 return self.source.load(candidate, rng)
             except ValueError as err:
                 self._note(candidate, str(err))
-        raise ValueError(f"every record of the {self.split} split is unreadable, e.g. {self.bad[index]}")
+        raise ValueError(f"every record of the {self.split} split is unreadable, e.g. {self.bad[index]}; "
+                         "data.bad_records=skip needs some readable ones: check that data.path is the dataset's root")
 
     def _note(self, index: int, reason: str) -> None:
         with self._lock:

@@ -12,12 +12,19 @@ from triskele.models.preprocess import to_model_input
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".JPG", ".JPEG", ".PNG")
 
 
+def _unreadable(path: Path, err: Exception) -> ValueError:
+    """The reader's error naming the file; a 0-byte file (an interrupted copy, say) is called empty,
+    which PIL's 'cannot identify image file' does not say."""
+    empty = Path(path).is_file() and Path(path).stat().st_size == 0
+    return ValueError(f"cannot read image {path}: {'empty file (0 bytes)' if empty else err}")
+
+
 def open_image(path: Path) -> Image.Image:
     try:
         image = Image.open(path)
         image.load()
     except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise ValueError(f"cannot read image {path}: {err}") from None
+        raise _unreadable(path, err) from None
     return image
 
 
@@ -27,7 +34,7 @@ def image_size(path: Path) -> tuple[int, int]:
         with Image.open(path) as image:
             return image.size
     except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise ValueError(f"cannot read image {path}: {err}") from None
+        raise _unreadable(path, err) from None
 
 
 def read_image(path: Path, size: int, channels: int) -> np.ndarray:

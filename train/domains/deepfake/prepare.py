@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import multiprocessing
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
                      progress: bool = True) -> dict[str, Any]:
     raw, out = Path(raw), Path(out)
     if not raw.is_dir():
-        raise ValueError(f"--input {raw} is not a folder of videos")
+        raise ValueError(f"--input {raw} {'is not a folder' if raw.exists() else 'does not exist'}: give the folder "
+                         "of the raw video tree")
     if frames < 1:
         raise ValueError(f"--frames {frames} must be at least 1")
     videos = sorted(p for p in raw.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES)
@@ -116,9 +118,18 @@ def _prepare_command(parser: argparse.ArgumentParser):
         summary = prepare_deepfake(args.input, args.output, args.frames, args.workers, args.size,
                                    not args.no_progress)
         print(json.dumps(summary, indent=2))
+        if summary["unreadable"]:
+            print(_failures(Path(args.output), summary["videos"]), file=sys.stderr)
         return 1 if summary["unreadable"] else 0
 
     return run
+
+
+def _failures(out: Path, videos: int) -> str:
+    """The videos that failed, each with its reason, from OUT's manifest: what a user must fix."""
+    failed = [e for e in json.loads((out / "manifest.json").read_text())["videos"] if "error" in e]
+    lines = [f"{len(failed)} of {videos} videos failed (the other videos are prepared; a rerun retries only these):"]
+    return "\n".join(lines + [f"  {e['video']}: {e['error']}" for e in failed])
 
 
 PREPARE = Command(__doc__, _prepare_command)
