@@ -128,7 +128,8 @@ def _prepare_command(parser: argparse.ArgumentParser):
 def _failures(out: Path, videos: int) -> str:
     """The videos that failed, each with its reason, from OUT's manifest: what a user must fix."""
     failed = [e for e in json.loads((out / "manifest.json").read_text())["videos"] if "error" in e]
-    lines = [f"{len(failed)} of {videos} videos failed (the other videos are prepared; a rerun retries only these):"]
+    others = " (the others are prepared)" if len(failed) < videos else ""
+    lines = [f"{len(failed)} of {videos} videos failed{others}; a rerun retries only these:"]
     return "\n".join(lines + [f"  {e['video']}: {e['error']}" for e in failed])
 
 
