@@ -5,6 +5,10 @@ scikit-image ships."""
 import csv
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -128,6 +132,31 @@ def test_prepare_lists_each_failed_video_and_its_reason_on_stderr(prepared, tmp_
     assert err[0].startswith("2 of 10 videos failed")
     for name, line in zip(("cut.mp4", "empty.mp4"), err[1:], strict=True):
         assert line.startswith(f"  original_sequences/youtube/c23/videos/{name}: cannot read video "), line
+
+
+def test_ctrl_c_during_prepare_keeps_the_videos_done_and_the_rerun_prepares_the_rest(prepared, tmp_path):
+    raw, _ = prepared
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "triskele.train", "prepare", "deepfake", "--input", str(raw), "--output",
+               str(out), "--frames", "8", "--no-progress"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = out / ".prepare"
+    deadline = time.monotonic() + 240
+    while not (records.is_dir() and any(records.rglob("*.json"))):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=240)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "prepare: Ctrl-C: finishing the video in hand" in stderr, stderr[-3000:]
+    summary = json.loads(stdout)
+    assert summary["interrupted"] is True and 0 < summary["prepared"] < 8, summary
+    assert len(json.loads((out / "manifest.json").read_text())["videos"]) == summary["prepared"]
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    again = json.loads(rerun.stdout)
+    assert (again["skipped"], again["prepared"], again["interrupted"]) == (summary["prepared"],
+                                                                            8 - summary["prepared"], False)
 
 
 @pytest.fixture(scope="module")

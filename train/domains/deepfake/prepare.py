@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import multiprocessing
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT, StopRequest
 from triskele.train.commands import Command
 from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces
 from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
@@ -81,17 +83,22 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
     todo = [(v, raw, out, frames, size) for v in videos if v not in done]
     started, entries = time.perf_counter(), []
     bar = tqdm(total=len(todo), disable=not progress, unit="video", dynamic_ncols=True)
-    pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 0 else None
+    pool = multiprocessing.get_context("spawn").Pool(workers, _ignore_ctrl_c) if workers > 0 else None
+    stop = StopRequest("prepare", "finishing the video in hand, then writing the manifest; the same command "
+                       "again prepares the rest")
     try:
-        for entry in (pool.imap_unordered(prepare_video, todo) if pool else map(prepare_video, todo)):
-            entries.append(entry)
-            bar.update(1)
-            sampled = sum(e.get("frames_sampled", 0) for e in entries)
-            bar.set_postfix(frames_s=f"{sampled / max(time.perf_counter() - started, 1e-9):.1f}")
+        with stop:
+            for entry in (pool.imap_unordered(prepare_video, todo) if pool else map(prepare_video, todo)):
+                entries.append(entry)
+                bar.update(1)
+                sampled = sum(e.get("frames_sampled", 0) for e in entries)
+                bar.set_postfix(frames_s=f"{sampled / max(time.perf_counter() - started, 1e-9):.1f}")
+                if stop.requested:
+                    break
     finally:
         bar.close()
         if pool:
-            pool.close()
+            pool.terminate() if stop.requested else pool.close()  # a video cut short has no record: redone
             pool.join()
     seconds = time.perf_counter() - started
     recorded = [json.loads(_record_path(out, v.relative_to(raw).as_posix()).read_text())
@@ -103,7 +110,13 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
     return {"videos": len(videos), "prepared": len(entries) - len(errors), "skipped": len(done),
             "unreadable": len(errors), "no_face": sum(1 for e in recorded if e.get("reason")),
             "frames_written": sum(e.get("frames_written", 0) for e in recorded), "seconds": round(seconds, 3),
-            "frames_per_sec": round(sampled / seconds, 2) if seconds > 0 else 0.0, "output": str(out)}
+            "frames_per_sec": round(sampled / seconds, 2) if seconds > 0 else 0.0, "output": str(out),
+            "interrupted": stop.requested}
+
+
+def _ignore_ctrl_c() -> None:
+    """In a worker: Ctrl-C is for the parent, which stops the pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _prepare_command(parser: argparse.ArgumentParser):
@@ -120,6 +133,11 @@ def _prepare_command(parser: argparse.ArgumentParser):
         print(json.dumps(summary, indent=2))
         if summary["unreadable"]:
             print(_failures(Path(args.output), summary["videos"]), file=sys.stderr)
+        if summary["interrupted"]:
+            left = summary["videos"] - summary["skipped"] - summary["prepared"] - summary["unreadable"]
+            print(f"prepare stopped: {left} videos not prepared yet; run the same command again to prepare them "
+                  "(what is written is kept)", file=sys.stderr)
+            return INTERRUPTED_EXIT
         return 1 if summary["unreadable"] else 0
 
     return run
