@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from conftest import assert_trees_close, relative_error
 from PIL import Image
-from test_faults import STEPS, child_env, command, logged_steps, reference, wait_for  # noqa: F401 (a fixture)
+from test_faults import STEPS, child_env, command, logged_steps, reference, wait_for  # noqa: F401 (reference: a fixture)
 from trainutil import final_params, step_records
 
 LEGACY_RUN = Path(__file__).parent / "fixtures" / "legacy" / "mars-run"
@@ -33,14 +33,14 @@ def _interrupt(process: subprocess.Popen, times: int = 1) -> tuple[str, str]:
     return out, "".join(seen) + err
 
 
-def _assert_same_run_as_reference(workdir: Path, reference) -> None:
-    records, (reference_records, reference_params) = step_records(workdir), reference
+def _assert_same_run_as_reference(workdir: Path, expected) -> None:
+    records, (reference_records, reference_params) = step_records(workdir), expected
     for step in reference_records:
         assert relative_error(records[step]["loss"], reference_records[step]["loss"]) < 1e-5, step
     assert_trees_close(final_params(workdir)[0], reference_params, 1e-5)
 
 
-def test_ctrl_c_saves_the_step_exits_130_and_the_same_command_resumes_the_same_run(reference, tmp_path):
+def test_ctrl_c_saves_the_step_exits_130_and_the_same_command_resumes_the_same_run(reference, tmp_path):  # noqa: F811
     process = subprocess.Popen(command(tmp_path), env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     wait_for(lambda: len(logged_steps(tmp_path)) >= 6, process)
@@ -59,7 +59,7 @@ def test_ctrl_c_saves_the_step_exits_130_and_the_same_command_resumes_the_same_r
     _assert_same_run_as_reference(tmp_path, reference)
 
 
-def test_a_second_ctrl_c_stops_at_once_and_the_last_complete_checkpoint_resumes(reference, tmp_path):
+def test_a_second_ctrl_c_stops_at_once_and_the_last_complete_checkpoint_resumes(reference, tmp_path):  # noqa: F811
     process = subprocess.Popen(command(tmp_path), env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     wait_for(lambda: len(logged_steps(tmp_path)) >= 10, process)
@@ -102,3 +102,18 @@ def test_ctrl_c_during_predict_keeps_what_is_written_and_the_rerun_predicts_the_
     assert (summary["skipped"], summary["written"], summary["interrupted"]) == (written_before,
                                                                                  count - written_before, False)
     assert len(list(rows.iterdir())) == count
+
+
+def test_ctrl_c_during_evaluate_exits_130_without_a_traceback_or_a_report(tmp_path):
+    workdir = shutil.copytree(LEGACY_RUN, tmp_path / "run")
+    command = [sys.executable, "-X", "importtime", "-m", "triskele.eval", "--workdir", str(workdir)]
+    process = subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    while "triskele.eval.evaluate" not in (line := process.stderr.readline()):  # evaluation has begun
+        assert line, "".join(seen)[-3000:]
+        seen.append(line)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=180)
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "interrupted (Ctrl-C)" in err, err[-3000:]
+    assert not (workdir / "eval").exists() and out == ""
