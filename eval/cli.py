@@ -9,6 +9,7 @@ import functools
 import json
 from collections.abc import Callable
 
+from triskele.eval.defaults import INFERENCE_BATCH_PER_DEVICE
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
 from triskele.train.commands import Command, LazyCommands, Runner, add_domain_flags, run_command_line
 from triskele.train.domains import Domain, domains
@@ -45,7 +46,8 @@ def _predict(parser):
     parser.add_argument("--exported", metavar="FILE", help="use this exported model instead of a checkpoint "
                                                            "(--workdir still finds what its run keeps beside the "
                                                            "model, e.g. a gallery index)")
-    parser.add_argument("--batch", type=int, help=_batch_help)
+    parser.add_argument("--batch", type=int, help=f"records per batch (default {INFERENCE_BATCH_PER_DEVICE} per "
+                                                  "device on data x fsdp)")
     parser.add_argument("--workers", type=int, default=0, help="input worker processes (default 0: threads)")
     parser.add_argument("--threads", type=int, default=4, help="input threads when --workers is 0 (default 4)")
     parser.add_argument("--prefetch", type=int, default=8, help="inputs read ahead of the model (default 8)")
@@ -67,12 +69,6 @@ def _predict(parser):
         return summary, INTERRUPTED_EXIT if summary["interrupted"] else 1 if summary["unreadable"] else 0
 
     return run
-
-
-def _batch_help() -> str:
-    from triskele.eval.model import INFERENCE_BATCH_PER_DEVICE
-
-    return f"records per batch (default {INFERENCE_BATCH_PER_DEVICE} per device on data x fsdp)"
 
 
 def _distributed(parser: argparse.ArgumentParser) -> None:

@@ -16,13 +16,11 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
+from triskele.eval.defaults import INFERENCE_BATCH_PER_DEVICE
 from triskele.mesh import make_mesh
 from triskele.models.preprocess import describe_input
 from triskele.train.run import RunParts, restore_params
 from triskele.train.serve import ServeRunner
-
-INFERENCE_BATCH_PER_DEVICE = 8
-"""predict's default batch: this many records per device on `data x fsdp` (never the training batch)."""
 
 
 def default_batch(mesh: Mesh) -> int:

@@ -1,8 +1,9 @@
 """WHERE arrays live: mesh specs, logical -> mesh axis rules, global batches, the pipeline schedule.
 
 Names load on first use, so a module that needs only the jax-free parts (`triskele.mesh.chunks`,
-used by serving processes) does not import Flax. The performance model is `triskele.mesh.perf`
-(formulas, HLO counts, hardware, planner, ...): nothing here imports it.
+used by serving processes; `spec` and `schedule`, which `--help` reads; `shape`) does not import
+JAX or Flax. The performance model is `triskele.mesh.perf` (formulas, HLO counts, hardware,
+planner, ...): nothing here imports it.
 """
 
 import importlib

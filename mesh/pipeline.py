@@ -35,30 +35,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 from triskele.mesh.logical import LOGICAL_RULES, UNCONSTRAINED, MeshAxes, constrain, logical_to_mesh
 
-
-def schedule_iterations(stages: int, repeats: int, microbatches: int) -> int:
-    """Iterations of the circular pipeline schedule: v * M microbatch passes plus P - 1 to fill it."""
-    return repeats * microbatches + stages - 1
-
-
-def bubble_fraction(stages: int, repeats: int, microbatches: int) -> float:
-    """Idle share of the circular pipeline schedule: (P - 1) / (v * M + P - 1)."""
-    return (stages - 1) / schedule_iterations(stages, repeats, microbatches)
-
-
-def check_schedule(layers: int, stages: int, repeats: int, microbatches: int, batch: int | None = None) -> None:
-    """Raises a ValueError naming the option to change when the schedule cannot run."""
-    if layers % (stages * repeats):
-        raise ValueError(
-            f"model depth {layers} is not divisible by pipeline stages x pipeline.repeats = {stages} x {repeats}; "
-            f"use pipeline.repeats in {[r for r in range(1, layers + 1) if layers % (stages * r) == 0]}"
-        )
-    if microbatches < stages:
-        raise ValueError(
-            f"pipeline.microbatches={microbatches} is fewer than the {stages} pipeline stages; use at least {stages}"
-        )
-    if batch is not None and batch % microbatches:
-        raise ValueError(f"batch {batch} is not divisible by pipeline.microbatches={microbatches}")
+# The schedule's counts and checks live in triskele.mesh.schedule (no JAX); they are re-exported here.
+from triskele.mesh.schedule import bubble_fraction as bubble_fraction
+from triskele.mesh.schedule import check_schedule, schedule_iterations
 
 
 def rotate_stages(x: jax.Array) -> jax.Array:

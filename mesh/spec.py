@@ -1,14 +1,18 @@
-"""Mesh specs: `data=2,fsdp=2,tensor=2` -> a `jax.sharding.Mesh` with Auto axes."""
+"""Mesh specs: `data=2,fsdp=2,tensor=2` -> a `jax.sharding.Mesh` with Auto axes.
+
+The axis names and the spec itself are plain Python: JAX is imported only to build a mesh
+(`make_mesh`), so `--help` and the planner's flags read them without starting JAX."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import jax
-from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh
+if TYPE_CHECKING:
+    import jax
+    from jax.sharding import Mesh
 
 MESH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp", "tensor")
 """Mesh axes, outermost first: `tensor` innermost maps to neighbouring devices."""
@@ -120,6 +124,10 @@ def make_mesh(
     `dcn` names how many hosts (processes) each axis spans, e.g. `data=2`: the mesh is then built
     with `create_hybrid_device_mesh`, so the other axes, `tensor` above all, stay inside a host.
     """
+    import jax
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType, Mesh
+
     devices = list(jax.devices() if devices is None else devices)
     parsed = MeshSpec.parse(spec)
     try:

@@ -2,14 +2,19 @@
 training, evaluation, prediction and export agree on (the export sidecar's description is made here).
 
 Pure functions on in-memory images; reading files (and naming them in errors) is the caller's job.
+Only `normalize`, which runs inside the model, uses JAX, and imports it itself: the data readers
+(and the command lines that reach them) import this module without starting JAX.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
+
 import numpy as np
 from PIL import Image
+
+if TYPE_CHECKING:
+    import jax
 
 NORMALISATIONS = {
     "per_image": "standardized per image inside the model: (x - mean) / (std + 1e-3)",
@@ -20,6 +25,8 @@ NORMALISATIONS = {
 
 def normalize(images: jax.Array, how: str) -> jax.Array:
     """[0, 1] pixels (B, ..., H, W, C) -> what the backbone sees, float32."""
+    import jax.numpy as jnp
+
     images = images.astype(jnp.float32)
     if how == "per_image":  # rover exposure varies from frame to frame
         axes = tuple(range(images.ndim - 3, images.ndim))

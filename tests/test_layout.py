@@ -33,8 +33,8 @@ ALLOWED_LAYERS = {
 """Imports run one way: train -> models, mesh; eval -> models, mesh, train; models -> mesh; mesh -> none."""
 
 RUNTIME = (
-    "mesh/__init__.py", "mesh/spec.py", "mesh/logical.py", "mesh/pipeline.py", "mesh/batch.py", "mesh/chunks.py",
-    "mesh/distributed.py",
+    "mesh/__init__.py", "mesh/spec.py", "mesh/logical.py", "mesh/pipeline.py", "mesh/schedule.py", "mesh/batch.py",
+    "mesh/chunks.py", "mesh/distributed.py",
     "models/",
     "train/config.py", "train/state.py", "train/step.py", "train/optim.py", "train/checkpoint.py", "train/run.py",
     "train/validate.py", "train/serve.py", "train/backbone.py",

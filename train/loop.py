@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
-from triskele.mesh.pipeline import bubble_fraction, schedule_iterations
+from triskele.mesh.schedule import bubble_fraction, schedule_iterations
 from triskele.train.auto_mesh import resolve_auto_mesh
 from triskele.train.backbone import vit_config
 from triskele.train.bookkeeping.compile_cache import enable_compilation_cache

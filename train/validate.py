@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jax.sharding import Mesh
-from triskele.mesh.pipeline import check_schedule
+from triskele.mesh.schedule import check_schedule
 from triskele.mesh.spec import divisors
 from triskele.train.backbone import vit_config
 from triskele.train.config import Config
@@ -46,4 +46,5 @@ def validate(config: Config, mesh: Mesh) -> None:
     if stages > 1:
         check_schedule(vit.depth, stages, config.pipeline.repeats, microbatches)
     elif vit.depth % config.pipeline.repeats:
-        raise ValueError(f"model depth {vit.depth} is not divisible by pipeline.repeats={config.pipeline.repeats}")
+        raise ValueError(f"model depth {vit.depth} is not divisible by pipeline.repeats={config.pipeline.repeats}; "
+                         f"use pipeline.repeats in {divisors(vit.depth)}")

@@ -14,5 +14,5 @@ runtime (mesh specs, rules, the pipeline schedule, the models, the train engine)
 
 Nothing is imported here: `import triskele.mesh.perf.planner` loads what the planner needs.
 The sizes they read (`triskele.mesh.shape.ModelShape`) and the pipeline schedule's own counts
-(`triskele.mesh.pipeline.schedule_iterations`, `bubble_fraction`) live with the runtime.
+(`triskele.mesh.schedule.schedule_iterations`, `bubble_fraction`) live with the runtime.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from triskele.mesh.pipeline import schedule_iterations
+from triskele.mesh.schedule import schedule_iterations
 from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MeshSpec
 

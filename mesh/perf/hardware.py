@@ -32,8 +32,10 @@ on-demand price found; pass `--price-per-gpu-hour`.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import jax
+if TYPE_CHECKING:  # the table is plain data: reading it (`--help`, the planner) does not start JAX
+    import jax
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ from triskele.mesh.perf.formulas import (
     train_flops,
 )
 from triskele.mesh.perf.hardware import Gpu
-from triskele.mesh.pipeline import bubble_fraction
+from triskele.mesh.schedule import bubble_fraction
 from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MESH_AXES, MeshSpec, divisors
 

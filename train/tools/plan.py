@@ -17,7 +17,10 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+# `--help` imports no JAX: the tables its flags name (GPUs, mesh axes, schedules, formats) are plain
+# Python; what builds a model (triskele.train.tools.planning: JAX, Flax) loads once a plan runs.
 from triskele.mesh.perf.hardware import GPUS, Gpu, get_gpu
 from triskele.mesh.perf.planner import SCHEDULES, SIMPLICITY_MARGIN, PlanInputs, candidates, explain, scaling
 from triskele.mesh.perf.roofline import FORMAT_BYTES, roofline
@@ -27,14 +30,9 @@ from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MESH_AXES
 from triskele.train.commands import Command, run_command_line
 from triskele.train.config import PRESETS, make_config
-from triskele.train.tools.planning import (
-    AbstractModel,
-    abstract_model,
-    parameter_count,
-    pick_flags,
-    plan_inputs,
-    shape_inputs,
-)
+
+if TYPE_CHECKING:
+    from triskele.train.tools.planning import AbstractModel
 
 SCALING_DEVICES = [8, 16, 32, 64, 128, 256, 512, 1024]
 
@@ -157,6 +155,8 @@ def _with_cost(rows: list[dict], args: argparse.Namespace, gpu: Gpu, batch: int,
 
 
 def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: ModelShape) -> int:
+    from triskele.train.tools.planning import parameter_count
+
     gpus = [get_gpu(args.gpu)] if args.gpu else list(GPUS.values())
     weights = parameter_count(model, shape)
     rows = [dataclasses.asdict(roofline(shape, weights, g.with_links(args.nvlink_gbps, args.network_gbps),
@@ -176,6 +176,8 @@ def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: Mod
 def run_plan(args: argparse.Namespace) -> int:
     """Runs a parsed `plan` command line: prints the ranking (or scaling, or roofline); a ValueError
     says what to change."""
+    from triskele.train.tools.planning import abstract_model, plan_inputs, shape_inputs
+
     if args.efficiency is not None and not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency must be in (0, 1], got {args.efficiency}")
     config = model = None
@@ -237,6 +239,8 @@ def _print_scaling(args: argparse.Namespace, make, gpu: Gpu, batch: int) -> int:
 def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int, tokens: bool) -> int:
     """Every valid mesh of `--devices` in the planner's order, the pick and why, its cost with `--cost`;
     throughput in tokens for a token shape (`tokens`), else in images."""
+    from triskele.train.tools.planning import pick_flags
+
     name = args.preset or args.shape
     ranked = candidates(inputs)
     if not ranked:
