@@ -60,6 +60,7 @@ def test_config_file_and_overrides(tmp_path):
         (["--mesh", "data=2,fsdp=4", "--set", "data.global_batch=36"], "use data.global_batch=40"),
         (["--mesh", "tensor=8"], "has 4 heads, not divisible by mesh tensor=8"),
         (["--set", "optim.grad_accum=3"], "optim.grad_accum=3"),
+        (["--set", "pipeline.repeats=3"], "use pipeline.repeats in [1, 2, 4, 8]"),
     ],
 )
 def test_config_errors_name_the_key(args, message, tmp_path, capsys):
