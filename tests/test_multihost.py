@@ -132,3 +132,20 @@ def test_dcn_errors(dcn, message, devices):
 
     with pytest.raises(ValueError, match=message):
         make_mesh("data=8", dcn=dcn)
+
+
+def test_ctrl_c_to_every_process_saves_the_same_step_and_exits_130(tmp_path, devices):
+    """As a terminal's Ctrl-C: SIGINT to each process; each hands it to the preemption service, so
+    they agree on the step to save."""
+    workdir = tmp_path / "run"
+    processes = start(workdir, 2, "--steps", "100000")
+    _wait_for_steps(workdir / "metrics.jsonl", 3, processes)
+    for process in processes:
+        process.send_signal(signal.SIGINT)
+    results = finish(processes, timeout=180)
+    for code, output in results:
+        assert code == 130 and "Traceback" not in output, output[-3000:]
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    last_logged = max(json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines())
+    assert saved and saved[-1] == last_logged
+    assert f"interrupted at step {saved[-1]}" in results[0][1]

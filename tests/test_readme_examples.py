@@ -31,8 +31,8 @@ def test_the_python_snippet_trains_on_one_cpu_device(tmp_path):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     final_step, last_loss, _ = done.stdout.strip().splitlines()[-1].split(" ", 2)
-    assert final_step == "60" and float(last_loss) > 0
-    assert (tmp_path / "runs" / "notebook" / "checkpoints" / "60").is_dir()
+    assert final_step == "20" and float(last_loss) > 0
+    assert (tmp_path / "runs" / "notebook" / "checkpoints" / "20").is_dir()
 
 
 def test_the_first_cli_example_trains_on_one_cpu_device(tmp_path):
@@ -42,8 +42,8 @@ def test_the_first_cli_example_trains_on_one_cpu_device(tmp_path):
     done = subprocess.run([sys.executable, *command[1:], "--no-progress"], cwd=tmp_path, env=_one_cpu_env(),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "completed: step 60 of 60" in done.stdout
-    assert (tmp_path / "runs" / "a" / "checkpoints" / "60").is_dir()
+    assert "completed: step 20 of 20" in done.stdout
+    assert (tmp_path / "runs" / "a" / "checkpoints" / "20").is_dir()
 
 
 def test_a_mesh_larger_than_a_cpu_has_names_the_flag_that_simulates_devices(tmp_path):

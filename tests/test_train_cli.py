@@ -102,3 +102,15 @@ def test_sigterm_saves_a_restorable_checkpoint_and_exits_zero(tmp_path):
     params, step = final_params(tmp_path)
     assert step == last_logged
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_a_run_says_what_it_will_do_before_compiling_and_when_it_evaluates(tmp_path, capsys):
+    assert main(["--workdir", str(tmp_path), "--steps", "2", "--mesh", "data=8", *SMALL_FLAGS,
+                 "--set", "run.eval_every=2"]) == 0
+    captured = capsys.readouterr()
+    announce = next(line for line in captured.out.splitlines() if line.startswith("training "))
+    assert announce.startswith(f"training mars-tiny (mars) in {tmp_path}: from step 1 to 2, global batch 32, "
+                               "mesh data=8 (8 cpu devices); evaluating on val every 2 steps and at the end"), announce
+    assert f"checkpoints every 200 steps in {tmp_path / 'checkpoints'}" in announce
+    assert captured.out.index(announce) < captured.out.index("step: compiled in")
+    assert "evaluating on val (40 records)" in captured.err, "the progress bar names the evaluation"

@@ -312,9 +312,11 @@ def _announce(parts: RunParts, first: int, workdir: Path, schedule: dict[str, fl
     kinds = sorted({device.platform for device in mesh.devices.flat})
     start = f"resuming at step {first + 1}" if first else "from step 1"
     every = config.run.eval_every
-    evaluation = f"evaluating on {config.data.eval_split} every {every} steps" if every else "no evaluation"
+    evaluation = (f"evaluating on {config.data.eval_split} every {every} steps and at the end" if every
+                  else "no evaluation")
+    devices = f"{mesh.devices.size} {'/'.join(kinds)} device{'s' if mesh.devices.size > 1 else ''}"
     print(f"training {config.preset} ({config.domain}) in {workdir}: {start} to {config.run.steps}, "
-          f"global batch {config.data.global_batch}, mesh {shape} ({mesh.devices.size} {'/'.join(kinds)} devices); "
+          f"global batch {config.data.global_batch}, mesh {shape} ({devices}); "
           f"{evaluation}; checkpoints every {config.checkpoint.every} steps in {workdir / 'checkpoints'}, "
           f"metrics in {workdir / 'metrics.jsonl'}, plots in {workdir / 'plots'}", flush=True)
     note = fp8_note(config.precision)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +40,18 @@ def launch_local(argv: list[str], processes: int, devices_per_process: int) -> i
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
     base = [sys.executable, "-m", "triskele.train", *child_argv(argv),
             "--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes)]
-    children = [subprocess.Popen([*base, "--process-id", str(i)], env=env) for i in range(processes)]
-    codes = [child.wait() for child in children]
+    # Each child in a session of its own: a Ctrl-C reaches it once, forwarded from here, not twice.
+    children = [subprocess.Popen([*base, "--process-id", str(i)], env=env, start_new_session=True)
+                for i in range(processes)]
+
+    def forward(number: int, frame) -> None:
+        for child in children:
+            child.send_signal(number)
+
+    previous = {number: signal.signal(number, forward) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        codes = [child.wait() for child in children]
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     return next((code for code in codes if code), 0)
