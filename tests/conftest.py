@@ -94,3 +94,16 @@ def domain_runs(tmp_path_factory):
         assert main(argv + [arg for k, v in flags.items() for arg in ("--set", f"{k}={v}")]) == 0
         runs[domain] = workdir
     return runs
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory):
+    """The subprocess runs' trajectory uninterrupted, in process on one device: (per-step records,
+    final parameters), what a killed, interrupted or relaunched run must end up with."""
+    from subprocess_runs import CHAIN, STEPS
+    from trainutil import final_params, mesh_of, small_config, step_records
+    from triskele.train import train
+
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    train(small_config(**{**CHAIN, "run.steps": STEPS}), workdir, mesh=mesh_of("single"), progress=False)
+    return step_records(workdir), final_params(workdir)[0]

@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import assert_trees_close, relative_error
 from PIL import Image
+from subprocess_runs import CHAIN, STEPS, child_env, command, logged_steps, wait_for
 from test_train_engine import poison_step
 from trainutil import SMALL, final_params, mesh_of, run, small_config, step_records
 from triskele.eval.cli import main as eval_main
@@ -23,53 +23,8 @@ from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.train import train
 from triskele.train.cli import main as train_main
 
-STEPS = 80
-CHAIN = {**SMALL, "checkpoint.every": 4, "checkpoint.keep": 2, "data.train_size": 256}
-"""The subprocess runs: mars-tiny at 32 px on one CPU device, checkpoints every 4 steps."""
 
-
-def command(workdir: Path, steps: int = STEPS, **extra) -> list[str]:
-    flags = {**CHAIN, **extra}
-    return [sys.executable, "-m", "triskele.train", "--workdir", str(workdir), "--steps", str(steps), "--no-progress",
-            *[arg for key, value in flags.items() for arg in ("--set", f"{key}={value}")]]
-
-
-def child_env() -> dict[str, str]:
-    """One CPU device, like the in-process reference on mesh_of('single')."""
-    return {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_PLATFORMS": "cpu"}
-
-
-def logged_steps(workdir: Path) -> list[int]:
-    path = workdir / "metrics.jsonl"
-    steps = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            steps.append(json.loads(line)["step"])
-        except (json.JSONDecodeError, KeyError):
-            pass
-    return steps
-
-
-def wait_for(predicate, process: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if process.poll() is not None:
-            raise AssertionError(f"the run exited with {process.returncode}: {process.communicate()[0][-3000:]}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError("the run made no progress in time")
-        time.sleep(0.002)
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run, in process on one device."""
-    workdir = tmp_path_factory.mktemp("reference")
-    train(small_config(**{**CHAIN, "run.steps": STEPS}), workdir, mesh=mesh_of("single"), progress=False)
-    return step_records(workdir), final_params(workdir)[0]
-
-
-def test_kill_9_at_ten_random_moments_then_the_same_command_finishes_the_same_run(reference, tmp_path):
+def test_kill_9_at_ten_random_moments_then_the_same_command_finishes_the_same_run(uninterrupted_run, tmp_path):
     """Ten SIGKILLs drawn from a seeded generator, two of them while an asynchronous checkpoint is
     being written; each restart resumes from what the kill left, and the last one completes."""
     rng = np.random.default_rng(2026)
@@ -93,7 +48,7 @@ def test_kill_9_at_ten_random_moments_then_the_same_command_finishes_the_same_ru
     assert any("taking over the lock left by a run that is gone" in out for out in outputs[1:])
     steps = logged_steps(tmp_path)
     assert sorted(steps) == list(range(1, STEPS + 1)), "every logged step exactly once"
-    records, (reference_records, reference_params) = step_records(tmp_path), reference
+    records, (reference_records, reference_params) = step_records(tmp_path), uninterrupted_run
     for step in reference_records:
         assert relative_error(records[step]["loss"], reference_records[step]["loss"]) < 1e-5, step
     assert_trees_close(final_params(tmp_path)[0], reference_params, 1e-5)

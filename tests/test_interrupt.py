@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from conftest import assert_trees_close, relative_error
 from PIL import Image
-from test_faults import STEPS, child_env, command, logged_steps, reference, wait_for  # noqa: F401 (reference: a fixture)
+from subprocess_runs import STEPS, child_env, command, logged_steps, wait_for
 from trainutil import final_params, step_records
 
 LEGACY_RUN = Path(__file__).parent / "fixtures" / "legacy" / "mars-run"
@@ -40,7 +40,7 @@ def _assert_same_run_as_reference(workdir: Path, expected) -> None:
     assert_trees_close(final_params(workdir)[0], reference_params, 1e-5)
 
 
-def test_ctrl_c_saves_the_step_exits_130_and_the_same_command_resumes_the_same_run(reference, tmp_path):  # noqa: F811
+def test_ctrl_c_saves_the_step_exits_130_and_the_same_command_resumes_the_same_run(uninterrupted_run, tmp_path):
     process = subprocess.Popen(command(tmp_path), env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     wait_for(lambda: len(logged_steps(tmp_path)) >= 6, process)
@@ -56,10 +56,10 @@ def test_ctrl_c_saves_the_step_exits_130_and_the_same_command_resumes_the_same_r
     assert finish.returncode == 0, finish.stderr[-3000:]
     assert f"resuming at step {saved + 1} to {STEPS}" in finish.stdout
     assert sorted(logged_steps(tmp_path)) == list(range(1, STEPS + 1)), "every step exactly once"
-    _assert_same_run_as_reference(tmp_path, reference)
+    _assert_same_run_as_reference(tmp_path, uninterrupted_run)
 
 
-def test_a_second_ctrl_c_stops_at_once_and_the_last_complete_checkpoint_resumes(reference, tmp_path):  # noqa: F811
+def test_a_second_ctrl_c_stops_at_once_and_the_last_complete_checkpoint_resumes(uninterrupted_run, tmp_path):
     process = subprocess.Popen(command(tmp_path), env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     wait_for(lambda: len(logged_steps(tmp_path)) >= 10, process)
@@ -70,7 +70,7 @@ def test_a_second_ctrl_c_stops_at_once_and_the_last_complete_checkpoint_resumes(
     finish = subprocess.run(command(tmp_path), env=child_env(), capture_output=True, text=True, timeout=300)
     assert finish.returncode == 0, finish.stderr[-3000:]
     assert f"completed: step {STEPS} of {STEPS}" in finish.stdout
-    _assert_same_run_as_reference(tmp_path, reference)
+    _assert_same_run_as_reference(tmp_path, uninterrupted_run)
 
 
 def test_ctrl_c_during_predict_keeps_what_is_written_and_the_rerun_predicts_the_rest(tmp_path):
