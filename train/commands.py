@@ -2,14 +2,12 @@
 parser and returning what runs it; and the flags a domain adds to a shared command.
 
 Parsing imports no JAX (`--help` and a wrong flag answer at once): a command is loaded only when
-it is chosen (`LazyCommands`), a help text that names a value of a module that imports JAX is a
-function called only when help is printed (`HelpFormatter`), and the exception types a command
-line maps to exit codes are asked for once it is parsed."""
+it is chosen (`LazyCommands`), and the exception types a command line maps to exit codes are
+asked for once it is parsed."""
 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,20 +41,6 @@ class LazyCommands(Mapping[str, Command]):
 
     def __len__(self) -> int:
         return len(self._loaders)
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The description as written; a flag's help may be a function of no arguments, called when
-    help is printed."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        return action.help() if callable(action.help) else action.help
-
-    def _format_action(self, action: argparse.Action) -> str:
-        if callable(action.help):
-            action = copy.copy(action)
-            action.help = action.help()
-        return super()._format_action(action)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +91,7 @@ def run_command_line(prog: str, commands: Mapping[str, Command], default: Comman
     name = argv[0] if argv[:1] and argv[0] in commands else None
     command = commands[name] if name else default
     parser = argparse.ArgumentParser(prog=f"{prog} {name}" if name else prog, description=command.summary,
-                                     formatter_class=HelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     run = command.build(parser)
     args = parser.parse_args(argv[1:] if name else argv)
     codes = errors()
