@@ -188,8 +188,8 @@ class _SafeRead:
         try:
             records, context = self.io.read(self.units[index])
             return index, np.asarray(records, np.float32), context, None
-        except ValueError as err:
-            return index, None, None, str(err)
+        except Exception as err:  # noqa: BLE001 - any input that cannot be read or decoded: errors.csv, the rest go on
+            return index, None, None, str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
 
 
 @dataclasses.dataclass
