@@ -11,7 +11,14 @@ from collections.abc import Callable
 
 from triskele.eval.defaults import INFERENCE_BATCH_PER_DEVICE
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
-from triskele.train.commands import Command, LazyCommands, Runner, add_domain_flags, run_command_line
+from triskele.train.commands import (
+    Command,
+    LazyCommands,
+    Runner,
+    add_coordinator_flags,
+    add_domain_flags,
+    run_command_line,
+)
 from triskele.train.domains import Domain, domains
 
 
@@ -73,16 +80,14 @@ def _predict(parser):
 
 def _distributed(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("several processes (each predicts its share of the inputs)")
-    group.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (else auto-detected)")
-    group.add_argument("--num-processes", type=int, help="processes in the job")
-    group.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
+    add_coordinator_flags(group)
 
 
 def _start_distributed(args) -> None:
     from triskele.mesh.distributed import DistributedOptions, initialize
 
-    initialize(DistributedOptions(coordinator=args.coordinator, num_processes=args.num_processes,
-                                  process_id=args.process_id))
+    initialize(DistributedOptions(coordinator=args.coordinator, coordinator_bind=args.coordinator_bind,
+                                  num_processes=args.num_processes, process_id=args.process_id))
 
 
 def _quantize(parser):

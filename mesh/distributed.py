@@ -20,6 +20,9 @@ import jax
 class DistributedOptions:
     coordinator: str | None = None
     """HOST:PORT of process 0's coordination service."""
+    coordinator_bind: str | None = None
+    """Where process 0's coordination service listens: HOST:PORT, or HOST with --coordinator's port.
+    Default: --coordinator's own host; in an auto-detected cluster, JAX's default (every interface)."""
     num_processes: int | None = None
     process_id: int | None = None
     local_device_ids: list[int] | None = None
@@ -40,6 +43,20 @@ def detected_cluster() -> str | None:
     if "JOBSET_NAME" in env or ("JOB_COMPLETION_INDEX" in env and "KUBERNETES_SERVICE_HOST" in env):
         return "Kubernetes JobSet"
     return None
+
+
+def bind_address(options: DistributedOptions) -> str | None:
+    """The HOST:PORT process 0 listens on (None: JAX's default, every interface). Explicit
+    --coordinator flags bind where they point, so `127.0.0.1:PORT` is reachable from this host only."""
+    if options.coordinator_bind is None:
+        return options.coordinator
+    host, _, port = options.coordinator_bind.rpartition(":")
+    if port.isdigit() and host:
+        return options.coordinator_bind
+    if options.coordinator is None:
+        raise ValueError(f"--coordinator-bind {options.coordinator_bind!r} names no port and there is no --coordinator "
+                         "to take it from: give HOST:PORT (e.g. 10.0.0.1:1234)")
+    return f"{options.coordinator_bind}:{options.coordinator.rpartition(':')[2]}"
 
 
 def wait_for_coordinator(address: str, timeout_s: float) -> None:
@@ -76,6 +93,7 @@ def initialize(options: DistributedOptions | None = None) -> bool:
         initialization_timeout=options.timeout_s,
         heartbeat_timeout_seconds=options.heartbeat_timeout_s,
         local_device_ids=options.local_device_ids,
+        coordinator_bind_address=bind_address(options),
     )
     if explicit:
         if options.process_id != 0:  # process 0 hosts the coordinator; the others must reach it

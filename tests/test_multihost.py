@@ -1,5 +1,6 @@
 """Real multi-process runs: 2 processes x 4 simulated CPU devices on 127.0.0.1, gloo collectives."""
 
+import ipaddress
 import json
 import os
 import signal
@@ -134,12 +135,46 @@ def test_dcn_errors(dcn, message, devices):
         make_mesh("data=8", dcn=dcn)
 
 
+@pytest.mark.parametrize(("coordinator", "bind", "expected"), [
+    ("127.0.0.1:1234", None, "127.0.0.1:1234"),          # bound where it points: loopback stays loopback
+    ("10.0.0.1:1234", "0.0.0.0", "0.0.0.0:1234"),        # an explicit host takes the coordinator's port
+    ("node0:1234", "10.0.0.1:999", "10.0.0.1:999"),
+    (None, None, None),                                  # auto-detected cluster: JAX's default
+])
+def test_coordinator_bind_address(coordinator, bind, expected):
+    from triskele.mesh.distributed import DistributedOptions, bind_address
+
+    assert bind_address(DistributedOptions(coordinator=coordinator, coordinator_bind=bind)) == expected
+
+
+def test_coordinator_bind_without_a_port_needs_one():
+    from triskele.mesh.distributed import DistributedOptions, bind_address
+
+    with pytest.raises(ValueError, match="--coordinator-bind '10.0.0.1' names no port"):
+        bind_address(DistributedOptions(coordinator_bind="10.0.0.1"))
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of this host's TCP sockets listening on `port` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # little-endian 32-bit words
+                found.add(str(ipaddress.ip_address(words)))
+    return found
+
+
 def test_ctrl_c_to_every_process_saves_the_same_step_and_exits_130(tmp_path, devices):
     """As a terminal's Ctrl-C: SIGINT to each process; each hands it to the preemption service, so
     they agree on the step to save."""
-    workdir = tmp_path / "run"
-    processes = start(workdir, 2, "--steps", "100000")
+    workdir, port = tmp_path / "run", free_port()
+    processes = start(workdir, 2, "--steps", "100000", port=port)
     _wait_for_steps(workdir / "metrics.jsonl", 3, processes)
+    assert listening_addresses(port) == {"127.0.0.1"}, "the coordinator must listen where --coordinator points only"
     for process in processes:
         process.send_signal(signal.SIGINT)
     results = finish(processes, timeout=180)

@@ -7,7 +7,7 @@ import functools
 import sys
 
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
-from triskele.train.commands import Command, LazyCommands, run_command_line
+from triskele.train.commands import Command, LazyCommands, add_coordinator_flags, run_command_line
 from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
 
 
@@ -34,9 +34,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--stop-after-step", type=int, metavar="N",
                         help="checkpoint and stop at global step N (the next run resumes there)")
     multi = parser.add_argument_group("multi-host (JAX multi-controller)")
-    multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (else auto-detected)")
-    multi.add_argument("--num-processes", type=int, help="processes in the job")
-    multi.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
+    add_coordinator_flags(multi)
     multi.add_argument("--local-device-ids", help="comma-separated GPU ids this process drives")
     multi.add_argument("--distributed-timeout", type=int, default=60, metavar="S",
                        help="seconds to wait for the coordinator (default 60)")
@@ -84,7 +82,8 @@ def _train(parser: argparse.ArgumentParser, argv: list[str]):
         from triskele.mesh.distributed import DistributedOptions, initialize
 
         initialize(DistributedOptions(
-            coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id,
+            coordinator=args.coordinator, coordinator_bind=args.coordinator_bind, num_processes=args.num_processes,
+            process_id=args.process_id,
             local_device_ids=[int(i) for i in args.local_device_ids.split(",")] if args.local_device_ids else None,
             timeout_s=args.distributed_timeout, heartbeat_timeout_s=args.heartbeat_timeout,
         ))

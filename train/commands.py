@@ -82,6 +82,16 @@ def add_domain_flags(parser: argparse.ArgumentParser, flags_by_domain: Mapping[s
             added.add(flag.name)
 
 
+def add_coordinator_flags(group: argparse._ArgumentGroup) -> None:
+    """The multi-process flags training and predict share (`triskele.mesh.distributed.DistributedOptions`)."""
+    group.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (else auto-detected)")
+    group.add_argument("--coordinator-bind", metavar="HOST[:PORT]",
+                       help="where process 0's coordinator listens (default: --coordinator's host; every interface "
+                            "when the cluster is auto-detected)")
+    group.add_argument("--num-processes", type=int, help="processes in the job")
+    group.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
+
+
 def run_command_line(prog: str, commands: Mapping[str, Command], default: Command, argv: Sequence[str] | None,
                      errors: Callable[[], Mapping[type[BaseException], int]]) -> int:
     """`prog [COMMAND] flags...`: the named command, or `default` when the first word names none;
