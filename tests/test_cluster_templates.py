@@ -1,0 +1,42 @@
+"""The cluster templates in examples/: what they run and what they expose."""
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import yaml
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_sbatch_hands_the_workdir_to_python_as_one_argument_and_runs_nothing_from_it(tmp_path):
+    """`srun` and `python` replaced by recorders: a WORKDIR holding shell syntax reaches python
+    verbatim and is never run."""
+    bin_dir, planted = tmp_path / "bin", tmp_path / "pwned"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {shlex.quote(str(tmp_path / "argv"))}\n')
+    for tool in ("srun", "python"):
+        (bin_dir / tool).chmod(0o755)
+    workdir = f"/tmp/x; touch {planted} #"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", WORKDIR=workdir, SLURM_LOCALID="0")
+    result = subprocess.run(["bash", str(EXAMPLES / "slurm.sbatch")], env=env, capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert not planted.exists()
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[argv.index("--workdir") + 1] == workdir
+
+
+def test_jobset_pods_run_unprivileged_and_only_the_jobs_pods_reach_them():
+    jobset, policy = yaml.safe_load_all((EXAMPLES / "jobset.yaml").read_text())
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    for container in pod["containers"]:
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    own_pods = {"jobset.sigs.k8s.io/jobset-name": jobset["metadata"]["name"]}
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == own_pods
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": own_pods}}]}]
