@@ -10,6 +10,7 @@ clash left (`x.png` and `x.overlay.png` where overlays are written) is refused b
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import posixpath
@@ -17,16 +18,26 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from triskele.train.data.walk import unique_files, walk_files
+
 
 def list_inputs(spec: str | Path, suffixes: tuple[str, ...]) -> tuple[Path, list[Path]]:
     """(root that output names are relative to, the input files with one of `suffixes`, sorted).
     The root is the folder given, a glob's folder before its first wildcard, or the common folder
-    of the files a list names (so that files listed from two folders keep their folders' names)."""
+    of the files a list names (so that files listed from two folders keep their folders' names).
+    Folders and globs are walked by `triskele.train.data.walk` (links to folders followed once); a
+    file reached by two names (a link, a second way into a folder) is listed once, by the first."""
     text = str(spec)
     path = Path(text)
-    if path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in suffixes]
-        root = path
+    walked = _walked(text)
+    if walked is not None:
+        root, parts = walked
+
+        def listed(file: Path) -> bool:
+            return file.suffix.lower() in suffixes and _glob_matches(file.relative_to(root).parts, parts)
+
+        depth = None if "**" in parts else len(parts) - 1  # a glob without ** goes no deeper than its parts
+        files = walk_files(root, listed, depth) if root.is_dir() else []
     elif path.is_file() and path.suffix.lower() in (".txt", ".lst"):
         lines = [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
         files = [_absolute(Path(line) if Path(line).is_absolute() else path.parent / line) for line in lines]
@@ -34,21 +45,46 @@ def list_inputs(spec: str | Path, suffixes: tuple[str, ...]) -> tuple[Path, list
         if missing:
             raise ValueError(f"--input {path} lists files that do not exist: {', '.join(missing[:5])}"
                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        files = unique_files(files)
         root = Path(os.path.commonpath([f.parent for f in files])) if files else path.parent
     elif path.is_file():
         files, root = [path], path.parent
-    elif glob.has_magic(text):
-        files = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file() and Path(p).suffix.lower()
-                 in suffixes]
-        fixed = path.parts[: next(i for i, part in enumerate(path.parts) if glob.has_magic(part))]
-        root = Path(*fixed) if fixed else Path(".")
     else:
         raise ValueError(f"--input {text!r} does not exist; give a folder (searched recursively), a file, a glob in "
                          "quotes or a .txt file of paths")
-    files = sorted({_absolute(f) for f in files})
+    files = sorted(_absolute(f) for f in files)
     if not files:
         raise ValueError(f"--input {text!r} holds no inputs: no file there ends in {', '.join(suffixes)}")
     return _absolute(root), files
+
+
+def _walked(spec: str) -> tuple[Path, tuple[str, ...]] | None:
+    """For an input spec that lists a tree, (the folder walked, the glob's parts below it): a folder
+    is `FOLDER/**` (every file under it), a glob its folder before the first wildcard and the rest.
+    None for a file or a list of files."""
+    path = Path(spec)
+    if path.is_dir():
+        return path, ("**",)
+    if path.exists() or not glob.has_magic(spec):
+        return None
+    fixed = next(i for i, part in enumerate(path.parts) if glob.has_magic(part))
+    return Path(*path.parts[:fixed]) if fixed else Path("."), path.parts[fixed:]
+
+
+def _glob_matches(names: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    """Whether a path's names below the glob's folder match its `parts`, as `glob.glob(recursive=True)`
+    matches: `**` any number of folders (none too), another part one name; a name starting with '.'
+    only where its part starts with '.' (`**` never)."""
+    if not parts:
+        return not names
+    if parts[0] == "**":
+        return any(_glob_matches(names[i:], parts[1:]) for i in range(len(names) + 1)
+                   if not any(name.startswith(".") for name in names[:i]))
+    return bool(names) and _name_matches(names[0], parts[0]) and _glob_matches(names[1:], parts[1:])
+
+
+def _name_matches(name: str, part: str) -> bool:
+    return (part.startswith(".") or not name.startswith(".")) and fnmatch.fnmatchcase(name, part)
 
 
 def _absolute(path: Path) -> Path:

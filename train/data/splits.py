@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 SPLITS = ("train", "val", "test")
@@ -28,6 +29,18 @@ def check_split(split: str) -> str:
         raise ValueError(f"unknown split {split!r}; the splits are {', '.join(SPLITS)} "
                          "(val is held out of the training data, test is for the final report)")
     return split
+
+
+def dataset_name(name: str, source: Path, entry: str) -> str:
+    """`name`, read from a dataset's own file (a split file's video id), or a ValueError naming
+    `source` and the `entry` when it is an absolute path or climbs out with `..`: the names in a
+    dataset's files name folders inside the dataset, never elsewhere on the machine."""
+    path = Path(name)
+    if path.is_absolute() or ".." in path.parts:
+        why = "is an absolute path" if path.is_absolute() else "climbs out with '..'"
+        raise ValueError(f"{source}, {entry}: {name!r} {why}; a name there is a folder's name inside the dataset "
+                         "(e.g. '000')")
+    return name
 
 
 def _unit_hash(key: str) -> float:

@@ -21,7 +21,7 @@ from PIL import Image
 from scipy import ndimage
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image
 from triskele.train.data.pipeline import RecordCache
-from triskele.train.data.splits import check_split, hold_out
+from triskele.train.data.splits import check_split, dataset_name, hold_out
 from triskele.train.domains.deepfake.faces import crop_face_region
 
 FAMILIES = ("ColorShift", "Exposure", "Resample", "Sharpen")
@@ -316,12 +316,12 @@ class FaceFrames:
 
     FF++: `original_sequences/youtube/<c>/frames/<vid>/NNN.png` (real) and
     `manipulated_sequences/<Method>/<c>/frames/<a>_<b>/NNN.png` (fake), with `splits/<split>.json`
-    (pairs [a, b]: reals a and b, fakes a_b and b_a) when present; without it every video is in
-    every split (reported). Generic: `[<split>/]{real,fake}/<video>/<frame>.png`. Without a val
-    split of its own (`splits/val.json`, a val/ folder), val is the `val_fraction` of the training
-    videos held out by a hash of the video's id: an FF++ pair's reals and fakes (or, without the
-    pairs, real a and the fakes a_*), a generic layout's same-named videos, go together, so no
-    face of a validation video is trained on.
+    (pairs [a, b]: reals a and b, fakes a_b and b_a; a name absolute or with `..` is refused) when
+    present; without it every video is in every split (reported). Generic:
+    `[<split>/]{real,fake}/<video>/<frame>.png`. Without a val split of its own (`splits/val.json`,
+    a val/ folder), val is the `val_fraction` of the training videos held out by a hash of the
+    video's id: an FF++ pair's reals and fakes (or, without the pairs, real a and the fakes a_*), a
+    generic layout's same-named videos, go together, so no face of a validation video is trained on.
     Records are frames (`clip_frames` 1) or clips of `clip_frames` frames; `frames_per_video`
     frames are sampled uniformly from each video. A record's family is its method (FF++) or
     `fake` (generic). `reals_only` reads the real videos alone (for self-blended training, whose
@@ -389,6 +389,9 @@ class FaceFrames:
                 pair_of = {str(v): f"{a}_{b}" for a, b in pairs for v in (a, b)}
             except (json.JSONDecodeError, TypeError, ValueError) as err:
                 raise ValueError(f"split file {split_file} is not a JSON list of [a, b] pairs: {err}") from None
+            for number, pair in enumerate(pairs, 1):
+                for name in pair:
+                    dataset_name(str(name), split_file, f"entry {number} {json.dumps(pair)}")
             required = True
         else:
             reals = sorted(p.name for p in real_dir.iterdir() if p.is_dir())

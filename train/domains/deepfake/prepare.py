@@ -28,6 +28,7 @@ from tqdm import tqdm
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT, StopRequest
 from triskele.train.commands import Command
+from triskele.train.data.walk import walk_files
 from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces
 from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
@@ -73,7 +74,7 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
                          "of the raw video tree")
     if frames < 1:
         raise ValueError(f"--frames {frames} must be at least 1")
-    videos = sorted(p for p in raw.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES)
+    videos = sorted(walk_files(raw, lambda p: p.suffix.lower() in VIDEO_SUFFIXES))
     if not videos:
         raise ValueError(f"--input {raw} holds no videos ({', '.join(VIDEO_SUFFIXES)}): expected a FaceForensics++ "
                          "tree (original_sequences/youtube/<c>/videos/*.mp4, ...) or [<split>/]{real,fake}/<video>.mp4")
