@@ -321,9 +321,13 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
     """Predicts every input of `input_spec` (see `triskele.eval.inputs`) into `out_dir`; returns the
     summary (also OUT/summary.json). `model` has `dispatch(records)`, `fetch(handle)`, `batch`, `meta`
     and `identity`; `options`: the domain's predict options given, recorded in OUT's manifest. An
-    OUT made with another model, preprocessing or options is refused unless `overwrite`."""
+    OUT made with another model, preprocessing or options is refused unless `overwrite`; one that
+    holds an input or lies in the tree `input_spec` lists, always (`refuse_output_among_inputs`)."""
+    from triskele.eval.inputs import refuse_output_among_inputs
+
     out_dir = Path(out_dir)
     units = input_units(io, input_spec)
+    refuse_output_among_inputs(input_spec, out_dir, (path for unit in units for path in unit.paths))
     mine = units[jax.process_index() :: jax.process_count()]
     journal = Journal(out_dir)
     manifest = predict_manifest(model, options or {})

@@ -5,7 +5,8 @@ An input's key is its path relative to the inputs' common root, suffix kept (`a/
 outputs are named after the key with the input's suffix replaced by the output's (`china.jpg` ->
 `china.png`, `shelf.jpg` -> `shelf.json`), except where two inputs of one folder share a stem:
 then both keep their suffix (`frame.jpg` -> `frame.jpg.png`, `frame.png` -> `frame.png.png`). Any
-clash left (`x.png` and `x.overlay.png` where overlays are written) is refused before anything runs.
+clash left (`x.png` and `x.overlay.png` where overlays are written) is refused before anything runs,
+and so is an output folder that holds an input or lies where the inputs are listed from.
 """
 
 from __future__ import annotations
@@ -85,6 +86,44 @@ def _glob_matches(names: tuple[str, ...], parts: tuple[str, ...]) -> bool:
 
 def _name_matches(name: str, part: str) -> bool:
     return (part.startswith(".") or not name.startswith(".")) and fnmatch.fnmatchcase(name, part)
+
+
+def _may_list_under(parts: tuple[str, ...], folder: tuple[str, ...]) -> bool:
+    """Whether the glob `parts` can match a file below `folder` (its names below the glob's folder):
+    the folder's names each match their part and the glob goes deeper, or it reaches a `**` first."""
+    for i, name in enumerate(folder):
+        if parts[i] == "**":
+            return True
+        if i == len(parts) - 1 or not _name_matches(name, parts[i]):
+            return False
+    return True
+
+
+def refuse_output_among_inputs(spec: str | Path, out_dir: str | Path, inputs: Iterable[Path]) -> None:
+    """ValueError, naming OUT, the inputs' folder and the way out, when OUT (resolved) is the folder
+    an input folder or glob lists from, or inside it where the glob reaches (the next run would
+    predict the predictions: pred/pred/...), or holds one of `inputs` (its outputs could replace it)."""
+    out = Path(out_dir).resolve()
+    shown = f"--output {out_dir}" + (f" (resolved: {out})" if out != _absolute(Path(out_dir)) else "")
+    walked = _walked(str(spec))
+    if walked is not None:
+        root, parts = walked[0].resolve(), walked[1]
+        instead = f"give an --output outside {root}, e.g. {_beside(root)}"
+        if out == root:
+            raise ValueError(f"{shown} is the input folder {root}: the predictions would replace the inputs they "
+                             f"are named after (a mask a.png over the image a.png); {instead}")
+        if out.is_relative_to(root) and _may_list_under(parts, out.relative_to(root).parts):
+            raise ValueError(f"{shown} is inside the input folder {root}, which --input {spec} lists from: each run "
+                             f"would predict the last run's predictions again ({out.name}/{out.name}/...); {instead}")
+    inside = [p for p in inputs if p.resolve().is_relative_to(out)]
+    if inside:
+        raise ValueError(f"--input {spec} names {len(inside)} files inside {shown} (e.g. {inside[0]}): their "
+                         "outputs could replace them and a rerun would predict predictions; give an --output that "
+                         "holds no input")
+
+
+def _beside(folder: Path) -> Path:
+    return folder.parent / f"{folder.name or 'inputs'}-predictions"
 
 
 def _absolute(path: Path) -> Path:
