@@ -18,10 +18,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from triskele.eval.exported import EXPORT_FORMAT, EXPORT_VERSION, export_identity, run_files_path, sidecar_path
+from triskele.eval.exported import (
+    EXPORT_FORMAT,
+    EXPORT_VERSION,
+    export_identity,
+    program_signature,
+    record_shape,
+    run_files_path,
+    sidecar_digest,
+    sidecar_path,
+)
 from triskele.eval.model import LiveModel, model_meta
 from triskele.mesh import make_mesh
 from triskele.models.preprocess import describe_input
+from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.run import RunParts, restore_run
 
 
@@ -55,13 +65,15 @@ def carry_run_files(parts: RunParts, params: Any, step: int, workdir: Path, fold
 
 def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dynamic", step: int | None = None,
                  platforms: str | None = None) -> dict[str, Any]:
+    """Writes OUTPUT (the serialized program) and OUTPUT.json (what it is, with `digest`: the SHA-256
+    of its canonical content, which records OUTPUT's SHA-256; publish both hashes to let others
+    check what they received)."""
     batch_size = parse_batch(batch)
     parts, state, step = restore_run(Path(workdir), make_mesh("data=1", devices=jax.devices()[:1]), step)
     params = jax.tree.map(lambda a: np.asarray(jax.device_get(a)), state.params)
     model = nnx.merge(parts.graphdef, params)
     meta = model_meta(parts)
-    size, channels, frames = meta["image_size"], meta["channels"], meta["frames"]
-    per_record = (frames, size, size, channels) if frames > 1 else (size, size, channels)
+    per_record = record_shape(meta["image_size"], meta["channels"], meta["frames"])
     leading = jax.export.symbolic_shape("batch") if batch_size is None else (batch_size,)
     spec = jax.ShapeDtypeStruct((*leading, *per_record), jnp.float32)
     targets = tuple(platforms.split(",")) if platforms else None
@@ -69,20 +81,16 @@ def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dy
     exported = jax.export.export(jax.jit(getattr(model, "export_outputs", model.serve)), platforms=targets)(spec)
     payload = exported.serialize()
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_bytes(payload)
+    write_atomically(output, payload)
     sha256 = hashlib.sha256(payload).hexdigest()
     carried = carry_run_files(parts, state.params, step, Path(workdir), run_files_path(output),
                               export_identity({"sha256": sha256, "step": step}))
-    structure = jax.tree.unflatten(exported.out_tree, exported.out_avals)  # {name: abstract value}
-    outputs = {name: {"shape": [d if isinstance(d, int) else None for d in aval.shape], "dtype": str(aval.dtype)}
-               for name, aval in structure.items()}
-    sidecar = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, **meta,
-               "input_shape": [batch_size, *per_record], "input_dtype": "float32",
-               "normalisation": describe_input(channels, model.normalisation), "outputs": outputs,
-               "platforms": list(exported.platforms), "jax": jax.__version__, "source": str(Path(workdir).absolute()),
-               "step": step, "sha256": sha256, **({"run_files": run_files_path(output).name} if carried else {})}
-    sidecar_path(output).write_text(json.dumps(sidecar, indent=2) + "\n")
+    sidecar = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, **meta, **program_signature(exported),
+               "normalisation": describe_input(meta["channels"], model.normalisation), "jax": jax.__version__,
+               "source": str(Path(workdir).absolute()), "step": step, "sha256": sha256,
+               **({"run_files": run_files_path(output).name} if carried else {})}
+    sidecar["digest"] = sidecar_digest(sidecar)
+    write_atomically(sidecar_path(output), (json.dumps(sidecar, indent=2) + "\n").encode())
     return {"output": str(output), "sidecar": str(sidecar_path(output)), "bytes": len(payload),
-            "input_shape": sidecar["input_shape"], "outputs": outputs, "files_carried": carried}
-
+            "input_shape": sidecar["input_shape"], "outputs": sidecar["outputs"], "files_carried": carried,
+            "sha256": sha256, "digest": sidecar["digest"]}

@@ -1,5 +1,6 @@
 """Exported models for serving: jax.export artifacts that run without the model code."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from trainutil import mesh_of
 from triskele.eval import load_exported
 from triskele.eval.cli import main as eval_main
 from triskele.eval.export import export_model
-from triskele.eval.exported import EXPORT_VERSION
+from triskele.eval.exported import EXPORT_VERSION, sidecar_digest
 from triskele.eval.model import LiveModel
 from triskele.train.run import restore_run
 
@@ -93,8 +94,8 @@ def test_corrupted_or_foreign_export_files_give_clear_errors(exported, tmp_path)
         load_exported(future)
     garbage = tmp_path / "garbage.jax"
     garbage.write_bytes(b"not a flatbuffer at all")
-    (tmp_path / "garbage.jax.json").write_text(json.dumps({**sidecar, "sha256": __import__("hashlib").sha256(
-        b"not a flatbuffer at all").hexdigest()}))
+    garbled = {**sidecar, "sha256": hashlib.sha256(b"not a flatbuffer at all").hexdigest()}
+    (tmp_path / "garbage.jax.json").write_text(json.dumps({**garbled, "digest": sidecar_digest(garbled)}))
     with pytest.raises(ValueError, match="cannot be deserialized"):
         load_exported(garbage)
     with pytest.raises(ValueError, match="needs the file and lonely.jax.json beside it"):
