@@ -8,9 +8,11 @@ parameter array is ever whole on one device. The conversions are `triskele.model
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from triskele.models.weights import (
 )
 from triskele.train.backbone import DEFAULT_NORM_EPS
 from triskele.train.config import Config
-from triskele.train.safetensors import NotSafetensors, SafetensorsFile
+from triskele.train.safetensors import MAX_DIMS, NotSafetensors, SafetensorsFile
 from triskele.train.state import TrainState
 
 ACCEPTED = ("model.init_from takes a timm or Hugging Face .safetensors file, a Hugging Face save_pretrained folder "
@@ -53,7 +55,7 @@ class WeightFile:
         self.config: dict[str, Any] | None = None
         if path.is_dir():
             if (path / "config.json").is_file():
-                self.config = json.loads((path / "config.json").read_text())
+                self.config = read_config(path / "config.json")
             candidates = sorted(path.glob("*.safetensors"))
             if len(candidates) != 1:
                 raise ValueError(f"model.init_from folder {path} must hold one .safetensors file (found "
@@ -67,21 +69,16 @@ class WeightFile:
             if not zipfile.is_zipfile(path):
                 raise ValueError(f"model.init_from {path} is not a weights file: it is not a .npz archive (a zip "
                                  f"of arrays, as numpy.savez writes). {ACCEPTED}")
-            try:
-                self._npz = np.load(path)
-                self.shapes = {k: self._npz[k].shape for k in self._npz.files}
-            except (OSError, ValueError) as err:
-                raise ValueError(f"model.init_from {path} is not a readable .npz file: {err}") from None
-            self.get = lambda key: self._npz[key]
+            arrays: NpzFile | SafetensorsFile = NpzFile(path)
         else:
             try:
-                tensors = SafetensorsFile(path)
+                arrays = SafetensorsFile(path)
             except NotSafetensors as err:
                 raise ValueError(f"model.init_from {path} is not a weights file: it is not a readable safetensors "
                                  f"file ({err.reason}). {ACCEPTED}") from None
-            self.shapes, self.get = tensors.shapes, tensors.get
+        self.shapes, self.get = arrays.shapes, arrays.get
         if self.config is None and (path.parent / "config.json").is_file() and path.suffix == ".safetensors":
-            self.config = json.loads((path.parent / "config.json").read_text())
+            self.config = read_config(path.parent / "config.json")
         try:
             self.layout = infer_layout(self.shapes, self.config)
         except LayoutError as err:
@@ -92,6 +89,113 @@ class WeightFile:
         if self.layout.format == "hf":
             return float((self.config or {}).get("layer_norm_eps", 1e-12))
         return None
+
+
+MAX_CONFIG = 1 << 20
+"""The largest config.json beside a Hugging Face file that is read, in bytes (theirs are ~1 KB)."""
+
+MAX_NPY_HEADER = 10_000
+"""The longest .npy header read from an .npz member, in bytes (numpy's own default limit)."""
+
+NPZ_MAX_EXPANSION = 32
+"""An .npz's arrays may be at most this many times the archive's size (plus NPZ_SLACK): weights
+barely compress, a zip bomb expands ~1000-fold. Checked from the zip directory before any member
+is decompressed."""
+
+NPZ_SLACK = 1 << 20
+"""Bytes any .npz may expand by, beyond NPZ_MAX_EXPANSION (a small archive of zeros is no bomb)."""
+
+ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, zlib.error, ValueError, NotImplementedError)
+"""What zipfile, zlib and numpy's header reader raise on a damaged or crafted archive (zipfile:
+NotImplementedError for a flag or compression it does not read)."""
+
+
+class NpzFile:
+    """The arrays of one .npz archive (numpy.savez): `shapes` from each member's .npy header, read
+    without decompressing the data, and checked against the member's size before anything is
+    loaded; `get(name)` reads one. Every way the archive is wrong is a ValueError naming it."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self._zip = zipfile.ZipFile(self.path)
+            members = self._zip.infolist()
+        except ZIP_ERRORS as err:
+            raise self._invalid(f"its zip directory cannot be read ({err})") from None
+        size = self.path.stat().st_size
+        total = sum(info.file_size for info in members)
+        if total > NPZ_MAX_EXPANSION * size + NPZ_SLACK:
+            raise self._invalid(f"its members would expand the {size}-byte archive to {total} bytes, more than "
+                                f"{NPZ_MAX_EXPANSION}x (a zip bomb, or a damaged zip directory)")
+        self._arrays: dict[str, tuple[zipfile.ZipInfo, int, tuple[int, ...], bool, np.dtype]] = {}
+        for info in members:
+            name = info.filename.removesuffix(".npy")
+            if not info.filename.endswith(".npy") or name in self._arrays:
+                raise self._invalid(f"member {info.filename!r} is not one .npy array (numpy.savez writes only those)")
+            if info.flag_bits & 1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise self._invalid(f"member {info.filename!r} is encrypted or compressed other than numpy does")
+            self._arrays[name] = (info, *self._header(info))
+        self.shapes = {name: array[2] for name, array in self._arrays.items()}
+
+    def _invalid(self, what: str) -> ValueError:
+        return ValueError(f"{self.path} is not a valid .npz file: {what}; the file is damaged or was not written "
+                          "by numpy.savez")
+
+    def _header(self, info: zipfile.ZipInfo) -> tuple[int, tuple[int, ...], bool, np.dtype]:
+        """The member's data offset, shape, order and dtype, from at most its first MAX_NPY_HEADER bytes."""
+        try:
+            with self._zip.open(info) as member:
+                start = io.BytesIO(member.read(12 + MAX_NPY_HEADER))
+            version = np.lib.format.read_magic(start)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f"its .npy format version {version} is not 1.0 or 2.0")
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(start, max_header_size=MAX_NPY_HEADER)
+        except ZIP_ERRORS as err:
+            raise self._invalid(f"member {info.filename!r} has no readable .npy header ({err})") from None
+        if dtype.kind not in "biuf" or not all(type(d) is int and d >= 0 for d in shape) or len(shape) > MAX_DIMS:
+            raise self._invalid(f"member {info.filename!r} holds shape {shape} of dtype {dtype}, not an array of "
+                                f"numbers with at most {MAX_DIMS} non-negative dimensions")
+        offset = start.tell()
+        nbytes = math.prod(shape) * dtype.itemsize
+        if info.file_size != offset + nbytes:
+            raise self._invalid(f"member {info.filename!r}'s header says shape {shape} of {dtype} ({nbytes} bytes), "
+                                f"but the member holds {info.file_size - offset} bytes of data")
+        if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+            raise self._invalid(f"member {info.filename!r} is stored uncompressed in {info.compress_size} bytes but "
+                                f"says it has {info.file_size}")
+        return offset, shape, fortran, dtype
+
+    def get(self, name: str) -> np.ndarray:
+        info, offset, shape, fortran, dtype = self._arrays[name]
+        try:
+            with self._zip.open(info) as member:
+                member.read(offset)
+                data = member.read(info.file_size - offset)  # to the end, so that zipfile checks the CRC
+        except ZIP_ERRORS as err:
+            raise self._invalid(f"array {name!r} cannot be read ({err})") from None
+        if len(data) != info.file_size - offset:
+            raise self._invalid(f"array {name!r} is cut short")
+        return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A Hugging Face config.json, checked where it is read (a JSON object; num_attention_heads a
+    positive integer, layer_norm_eps a positive number, where present)."""
+    try:
+        if path.stat().st_size > MAX_CONFIG:
+            raise ValueError(f"it has {path.stat().st_size} bytes, more than the {MAX_CONFIG} read")
+        config = json.loads(path.read_bytes())
+        if not isinstance(config, dict):
+            raise ValueError("it is not a JSON object")
+    except (OSError, ValueError, RecursionError) as err:
+        raise ValueError(f"model.init_from's {path} is not a readable Hugging Face config: {err}") from None
+    heads, eps = config.get("num_attention_heads"), config.get("layer_norm_eps")
+    if heads is not None and (type(heads) is not int or heads < 1):
+        raise ValueError(f"model.init_from's {path} has num_attention_heads {heads!r}, not a positive integer")
+    if eps is not None and (type(eps) not in (int, float) or not 0 < eps < math.inf):
+        raise ValueError(f"model.init_from's {path} has layer_norm_eps {eps!r}, not a positive number")
+    return config
 
 
 def resolve_norm_eps(config: Config) -> None:
