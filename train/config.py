@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import re
@@ -71,6 +72,39 @@ class DataConfig:
     bad_records: str = "error"
     """An unreadable image or mask: `error` stops naming the file; `skip` trains on the next good
     record instead, lists the file in WORKDIR/bad_records.txt and counts it (evaluation leaves it out)."""
+
+
+@dataclasses.dataclass
+class InputLimits:
+    """What one input may cost, checked from its header before anything is decoded: an input over a
+    limit is refused with the reason and the key that raises it (predict lists it in errors.csv;
+    training applies `data.bad_records`). Every reader of every domain checks these (training,
+    evaluation, predict and prepare); predict and prepare take them as `--set limits.<key>=N`."""
+
+    image_pixels: int = 25_000_000
+    """Pixels (width x height) of an image file: a 24-megapixel photo (6000 x 4000) passes. PIL's
+    `Image.MAX_IMAGE_PIXELS` is set to it. Predict's memory per input follows the pixels allowed."""
+    frame_pixels: int = 4096 * 2160
+    """Pixels of a video's frame (from the video's header): DCI 4K passes."""
+    video_frames: int = 54_000
+    """Frames decoded per video (from the header, and counted while decoding): 30 minutes at 30 fps."""
+    planogram_facings: int = 1000
+    """Facings (rows x columns) of a planogram: each is a crop the recogniser reads."""
+    planogram_bytes: int = 1 << 20
+    """Size of a planogram's JSON file (1 MiB), checked before it is read."""
+
+    def over(self, key: str, amount: str) -> str:
+        """Why an input is refused: '`amount`, over limits.KEY=LIMIT' and how to raise the limit."""
+        return f"{amount}, over limits.{key}={getattr(self, key):,} (--set limits.{key}=N raises it)"
+
+    def check(self, key: str, value: int, what: str) -> None:
+        """ValueError '`what` VALUE UNITS, over limits.KEY=LIMIT ...' when `value` exceeds the limit."""
+        if value > getattr(self, key):
+            raise ValueError(f"{what} {self.over(key, f'{value:,} {_LIMIT_UNITS[key]}')}")
+
+
+_LIMIT_UNITS = {"image_pixels": "pixels", "frame_pixels": "pixels", "video_frames": "frames",
+                "planogram_facings": "facings", "planogram_bytes": "bytes"}
 
 
 @dataclasses.dataclass
@@ -151,6 +185,7 @@ class Config:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    limits: InputLimits = dataclasses.field(default_factory=InputLimits)
 
     def __getattr__(self, name: str) -> Any:
         if name == self.__dict__.get("domain"):
@@ -527,6 +562,38 @@ def _check_choices(config: Config) -> None:
     }
     if config.run.eval_every < 0:
         raise ValueError(f"config key 'run.eval_every' is {config.run.eval_every}; use 0 (never) or more")
-    for key, value in positive.items():
+    _check_positive(positive)
+    _check_limits(config.limits)
+
+
+def _check_positive(values: Mapping[str, int]) -> None:
+    for key, value in values.items():
         if value < 1:
             raise ValueError(f"config key {key!r} is {value}; it must be at least 1")
+
+
+def _check_limits(limits: InputLimits) -> None:
+    _check_positive({f"limits.{field.name}": getattr(limits, field.name) for field in dataclasses.fields(limits)})
+
+
+def add_limits_flag(parser: argparse.ArgumentParser, keys: Iterable[str] | None = None) -> None:
+    """`--set limits.KEY=N` (repeatable) for a command that reads inputs outside a run (predict,
+    prepare), its help listing `keys` (default: all); `input_limits(args.set)` reads it."""
+    fields = {f.name: f.default for f in dataclasses.fields(InputLimits)}
+    listed = ", ".join(f"limits.{key} (default {fields[key]:,})" for key in (keys or fields))
+    parser.add_argument("--set", action="append", default=[], metavar="limits.KEY=N",
+                        help=f"an input limit, checked from each input's header before decoding: {listed}")
+
+
+def input_limits(overrides: Iterable[str] = ()) -> InputLimits:
+    """The input limits with `limits.KEY=VALUE` overrides (predict's and prepare's `--set`), checked
+    as a run's config is; a key outside `limits.` is refused."""
+    limits = InputLimits()
+    for key, value in map(parse_override, overrides):
+        section, _, field = key.partition(".")
+        if section != "limits" or not field:
+            raise ValueError(f"--set {key}=...: only the input limits are set here (limits.<key>: "
+                             f"{', '.join(f'limits.{f.name}' for f in dataclasses.fields(InputLimits))})")
+        _apply(limits, field, value, "limits.")
+    _check_limits(limits)
+    return limits

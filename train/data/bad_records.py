@@ -1,8 +1,10 @@
 """`data.bad_records=skip`: a split whose unreadable records are replaced instead of stopping the run.
 
-The readers raise a ValueError naming the file for a truncated image, a mask of the wrong size or a
-label outside the known values. Here such a record is replaced by the next good one (training), or
-marked for evaluation to leave out, and listed once in WORKDIR/bad_records.txt.
+The readers raise a ValueError naming the file for a truncated image, a mask of the wrong size, a
+label outside the known values, a file of a format not read or one over an input limit
+(`limits.*`, checked from its header before decoding). Here such a record, or one whose reading
+raises anything else, is replaced by the next good one (training), or marked for evaluation to
+leave out, and listed once in WORKDIR/bad_records.txt with the reason.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class SkipBadRecords:
             candidate = (index + offset) % count
             try:
                 return self.source.load(candidate, rng)
-            except ValueError as err:
-                self._note(candidate, str(err))
+            except Exception as err:  # noqa: BLE001 - whatever one crafted file raises, the run goes on without it
+                self._note(candidate, str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}")
         raise ValueError(f"every record of the {self.split} split is unreadable, e.g. {self.bad[index]}; "
                          "data.bad_records=skip needs some readable ones: check that data.path is the dataset's root")
 

@@ -1,54 +1,117 @@
 """Reading images and masks from disk, with errors that name the file; what the pixels then become
-is `triskele.models.preprocess`."""
+is `triskele.models.preprocess`.
+
+Every reader of every domain opens its files here: only the formats listed (`IMAGE_FORMATS`) are
+opened, and an image whose header declares more pixels than `limits.image_pixels` is refused
+before a pixel is decoded (`triskele.train.config.InputLimits`). Anything else that goes wrong
+while decoding one file is a ValueError naming it, which predict lists in errors.csv and
+`data.bad_records=skip` skips.
+"""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from triskele.models.preprocess import to_model_input
+from triskele.train.config import InputLimits
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".JPG", ".JPEG", ".PNG")
+IMAGE_FORMATS = ("PNG", "JPEG")
+"""The formats (PIL's names) an image file of any domain may hold, whatever its suffix: no other
+decoder is ever run on an input."""
+_SIGNATURES = {b"II*\x00": "TIFF", b"MM\x00*": "TIFF", b"GIF87a": "GIF", b"GIF89a": "GIF", b"BM": "BMP",
+               b"\x00\x00\x01\x00": "ICO", b"8BPS": "PSD", b"\x97JB2": "JBIG2", b"\x00\x00\x00\x0cjP": "JPEG 2000",
+               b"\xff\x4f\xff\x51": "JPEG 2000", b"qoif": "QOI"}
+"""Leading bytes of formats that are refused, so that the refusal can say what the file is."""
+
+# The limit is ours (`_opened` refuses every image over it with its own reason), so PIL's warning
+# for an image between Image.MAX_IMAGE_PIXELS and twice that says nothing more.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
-def _unreadable(path: Path, err: Exception) -> ValueError:
+def _unreadable(path: Path, err: Exception | str) -> ValueError:
     """The reader's error naming the file; a 0-byte file (an interrupted copy, say) is called empty,
     which PIL's 'cannot identify image file' does not say."""
     empty = Path(path).is_file() and Path(path).stat().st_size == 0
     return ValueError(f"cannot read image {path}: {'empty file (0 bytes)' if empty else err}")
 
 
-def open_image(path: Path) -> Image.Image:
+def _reason(err: Exception) -> str:
+    """What a reader's exception says: the message of PIL's usual errors, the type's name beside any other's."""
+    return str(err) if isinstance(err, OSError | ValueError) else f"{type(err).__name__}: {err}"
+
+
+def _format_of(path: Path) -> str | None:
+    """The name of a refused format the file's first bytes show (None: none known)."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for magic, name in _SIGNATURES.items() if head.startswith(magic)), None)
+
+
+def _not_listed(path: Path, formats: tuple[str, ...]) -> str:
+    found = _format_of(path)
+    what = f"a {found} file" if found else "not an image of a format read here"
+    return f"{what} (named {Path(path).suffix or 'without a suffix'}); only {' and '.join(formats)} images are read"
+
+
+def _opened(path: Path, limits: InputLimits | None, formats: tuple[str, ...]) -> Image.Image:
+    """The image with its header read and checked (format, pixels), no pixel decoded yet."""
+    limits = limits or InputLimits()
+    Image.MAX_IMAGE_PIXELS = limits.image_pixels  # PIL refuses twice that itself, before our check
     try:
-        image = Image.open(path)
-        image.load()
-    except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise _unreadable(path, err) from None
+        image = Image.open(path, formats=list(formats))
+    except Image.DecompressionBombError:
+        amount = f"its header declares more than {2 * limits.image_pixels:,} pixels"
+        raise _unreadable(path, limits.over("image_pixels", amount)) from None
+    except Image.UnidentifiedImageError:
+        raise _unreadable(path, _not_listed(path, formats)) from None
+    except Exception as err:  # noqa: BLE001 - any failure to read one file's header is that file's error
+        raise _unreadable(path, _reason(err)) from None
+    width, height = image.size
+    try:
+        limits.check("image_pixels", width * height, f"cannot read image {path}: {width}x{height} =")
+    except ValueError:
+        image.close()
+        raise
     return image
 
 
-def image_size(path: Path) -> tuple[int, int]:
-    """(width, height) from the file header, without decoding the pixels."""
+def open_image(path: Path, limits: InputLimits | None = None, formats: tuple[str, ...] = IMAGE_FORMATS
+               ) -> Image.Image:
+    """The decoded image; ValueError naming the file if it is not one of `formats`, declares more
+    pixels than `limits.image_pixels` (both checked before decoding) or does not decode."""
+    image = _opened(path, limits, formats)
     try:
-        with Image.open(path) as image:
-            return image.size
-    except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise _unreadable(path, err) from None
+        image.load()
+    except Exception as err:  # noqa: BLE001 - a decoder's failure on one crafted file is that file's error
+        image.close()
+        raise _unreadable(path, _reason(err)) from None
+    return image
 
 
-def read_image(path: Path, size: int, channels: int) -> np.ndarray:
+def image_size(path: Path, limits: InputLimits | None = None) -> tuple[int, int]:
+    """(width, height) from the file header, checked as `open_image` checks it, without decoding the pixels."""
+    with _opened(path, limits, IMAGE_FORMATS) as image:
+        return image.size
+
+
+def read_image(path: Path, size: int, channels: int, limits: InputLimits | None = None) -> np.ndarray:
     """The model input of an image file: (size, size, channels) float32 in [0, 1]."""
-    return to_model_input(open_image(path), size, channels)
+    return to_model_input(open_image(path, limits), size, channels)
 
 
-def read_mask(path: Path, like: Path | None = None) -> np.ndarray:
+def read_mask(path: Path, like: Path | None = None, limits: InputLimits | None = None) -> np.ndarray:
     """A single-channel uint8 mask at its own resolution; `like` is an image it must match in size."""
-    mask = open_image(path)
+    mask = open_image(path, limits)
     if mask.mode not in ("L", "P", "1", "I", "I;16"):
         mask = mask.convert("L")
     if like is not None:
-        expected = image_size(like)
+        expected = image_size(like, limits)
         if mask.size != expected:
             raise ValueError(f"mask {path} is {mask.size[0]}x{mask.size[1]} but its image {like} is "
                              f"{expected[0]}x{expected[1]}; masks must match their image's size")

@@ -67,7 +67,7 @@ def open_split(config, split: str) -> Source:
     if config.data.path:
         source = FaceFrames(config.data.path, split, config.model.image_size, options.frames_per_video, frames,
                             methods=chosen, exclude=holdout, compression=options.compression, reals_only=self_blended,
-                            val_fraction=config.data.val_fraction)
+                            val_fraction=config.data.val_fraction, limits=config.limits)
         if jax.process_index() == 0:
             print(source.report(), flush=True)
     else:

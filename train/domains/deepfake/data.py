@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from scipy import ndimage
+from triskele.train.config import InputLimits
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image
 from triskele.train.data.pipeline import RecordCache
 from triskele.train.data.splits import check_split, dataset_name, hold_out
@@ -325,14 +326,15 @@ class FaceFrames:
     Records are frames (`clip_frames` 1) or clips of `clip_frames` frames; `frames_per_video`
     frames are sampled uniformly from each video. A record's family is its method (FF++) or
     `fake` (generic). `reals_only` reads the real videos alone (for self-blended training, whose
-    face region is `crop_face_region`: crops carry no landmarks).
+    face region is `crop_face_region`: crops carry no landmarks). Frames are read within `limits`.
     """
 
     def __init__(self, root: str | Path, split: str, image_size: int, frames_per_video: int,
                  clip_frames: int = 1, methods: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
-                 compression: str = "c23", reals_only: bool = False, val_fraction: float = 0.0):
+                 compression: str = "c23", reals_only: bool = False, val_fraction: float = 0.0,
+                 limits: InputLimits | None = None):
         self.root, self.split, self.image_size = Path(root), check_split(split), image_size
-        self.val_fraction = val_fraction
+        self.val_fraction, self.limits = val_fraction, limits
         self.clip_frames, self.reals_only = clip_frames, reals_only
         if not self.root.is_dir():
             raise ValueError(f"data.path {str(self.root)!r} is not a folder")
@@ -447,7 +449,7 @@ class FaceFrames:
         return len(self.records)
 
     def _image(self, paths: list[Path]) -> np.ndarray:
-        frames = [read_image(p, self.image_size, 3) for p in paths]
+        frames = [read_image(p, self.image_size, 3, self.limits) for p in paths]
         return np.stack(frames) if self.clip_frames > 1 else frames[0]
 
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:

@@ -55,7 +55,7 @@ def open_split(config, split: str) -> Source:
     if config.data.path:
         files = TerrainFiles(config.data.path, split, config.model.image_size, config.model.channels,
                              agreement=config.mars.label_agreement, scale=config.mars.scale, crops=crops,
-                             val_fraction=config.data.val_fraction)
+                             val_fraction=config.data.val_fraction, limits=config.limits)
         if jax.process_index() == 0:
             print(files.report(), flush=True)
         return files

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 from triskele.models.mars import IGNORE_LABEL as IGNORE
 from triskele.models.preprocess import to_frame
+from triskele.train.config import InputLimits
 from triskele.train.data.images import IMAGE_SUFFIXES, open_image, read_mask
 from triskele.train.data.pipeline import RecordCache
 from triskele.train.data.splits import check_split, hold_out
@@ -194,12 +195,13 @@ class TerrainFiles:
     and RNG, and set the label to 255 where they are set. Images with no label file are counted and
     reported, not an error. Generic: `ROOT/[<split>/]images/*.{png,jpg}` + `masks/<stem>.png`; without
     a val/ folder, val is held out of train/ (or of ROOT) by a hash of the image's relative path.
+    Every file is read within `limits` (default: `InputLimits()`'s).
     """
 
     def __init__(self, root: str | Path, split: str, image_size: int, channels: int = 1, agreement: int = 3,
-                 scale: float = 1.0, crops: bool = False, val_fraction: float = 0.0):
+                 scale: float = 1.0, crops: bool = False, val_fraction: float = 0.0, limits: InputLimits | None = None):
         self.root, self.split, self.image_size, self.channels = Path(root), check_split(split), image_size, channels
-        self.scale, self.crops, self.val_fraction = scale, crops, val_fraction
+        self.scale, self.crops, self.val_fraction, self.limits = scale, crops, val_fraction, limits
         if not self.root.is_dir():
             raise ValueError(f"data.path {str(self.root)!r} is not a folder")
         if (self.root / "msl").is_dir():
@@ -273,11 +275,11 @@ class TerrainFiles:
         """The frame scaled by `scale` with its label at native resolution; with `crops`, a random
         image_size crop of the scaled frame and of its label scaled alike (nearest neighbour)."""
         image_path, label_path, mask_paths = self.records[index]
-        label = read_mask(label_path, like=image_path)
+        label = read_mask(label_path, like=image_path, limits=self.limits)
         check_label_values(label, label_path)
         for mask_path in mask_paths:  # rover and beyond-range pixels are not terrain to learn
-            label = np.where(read_mask(mask_path, like=image_path) > 0, IGNORE, label)
-        image = to_frame(open_image(image_path), self.scale, self.channels)
+            label = np.where(read_mask(mask_path, like=image_path, limits=self.limits) > 0, IGNORE, label)
+        image = to_frame(open_image(image_path, self.limits), self.scale, self.channels)
         if self.crops:
             scaled = Image.fromarray(label.astype(np.uint8)).resize(image.shape[1::-1], Image.NEAREST)
             image, label = crop(image, np.asarray(scaled), self.image_size, rng)
