@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from triskele.train.commands import Command
+from triskele.train.config import InputLimits
 from triskele.train.domains.merch.data import EMPTY
 
 STATUSES = {"ok": ((34, 160, 60), "ok"), "wrong_sku": ((220, 30, 30), "wrong SKU"),
@@ -64,14 +65,16 @@ def legend_lines(report: dict[str, Any]) -> list[tuple[tuple[int, int, int] | No
         (colour, f"{name}: {report['counts'][status]}") for status, (colour, name) in STATUSES.items()]
 
 
-def shelf_overlay(image: Image.Image, report: dict[str, Any], grid: dict[str, float] | None) -> Image.Image:
-    """The shelf photo (enlarged where its facings are under MIN_CELL pixels) with every facing
-    outlined in its status colour, `expected -> found` on each violation, and a legend with the
-    compliance score beneath."""
+def shelf_overlay(image: Image.Image, report: dict[str, Any], grid: dict[str, float] | None,
+                  max_pixels: int | None = None) -> Image.Image:
+    """The shelf photo (enlarged where its facings are under MIN_CELL pixels, to at most `max_pixels`,
+    default `limits.image_pixels`'s) with every facing outlined in its status colour, `expected ->
+    found` on each violation, and a legend with the compliance score beneath."""
     grid = grid or {"left": 0, "top": 0, "width": image.width, "height": image.height}
     cell = min(grid["width"] / (1 + max(f["col"] for f in report["facings"])),
                grid["height"] / (1 + max(f["row"] for f in report["facings"])))
-    scale = max(1, math.ceil(MIN_CELL / max(cell, 1)))
+    largest = math.isqrt((max_pixels or InputLimits().image_pixels) // (image.width * image.height))
+    scale = max(1, min(math.ceil(MIN_CELL / max(cell, 1)), largest))
     photo = image.convert("RGB").resize((image.width * scale, image.height * scale), Image.NEAREST)
     draw, side = ImageDraw.Draw(photo), cell * scale
     for box in overlay_boxes(report, grid, scale):
@@ -231,13 +234,15 @@ class MerchIO:
     `NAME.json` and `NAME.png`, the shelf with each facing outlined in its status's colour (NAME:
     the input's path under the inputs' root, its suffix replaced, kept where two inputs share a
     stem); a shelf whose planogram is malformed or names SKUs the gallery lacks is listed in
-    errors.csv. Other images are crops: `predictions.csv` with the 5 nearest gallery SKUs when the
-    run has a gallery index (and the top training class beside them), else the top-5 classes."""
+    errors.csv, as is one whose image or planogram is over an input limit (`limits`). Other images
+    are crops: `predictions.csv` with the 5 nearest gallery SKUs when the run has a gallery index
+    (and the top training class beside them), else the top-5 classes."""
 
-    def __init__(self, meta: dict[str, Any], workdir: Path | None):
+    def __init__(self, meta: dict[str, Any], workdir: Path | None, limits: InputLimits | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
 
         self.size, self.names, self.meta = meta["image_size"], meta["class_names"], meta
+        self.limits = limits or InputLimits()
         self.workdir = workdir if workdir is not None else _carried(meta)
         has_index = self.workdir is not None and gallery_path(self.workdir).is_file()
         self.gallery = load_gallery(self.workdir, meta) if has_index else None
@@ -261,18 +266,19 @@ class MerchIO:
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
         """A crop, or a shelf's facing crops with its planogram; ValueError (the input goes to
-        errors.csv) for an unreadable image, a malformed planogram or one naming SKUs the gallery lacks."""
+        errors.csv) for an unreadable image, a malformed planogram, one that does not fit its image or
+        names SKUs the gallery lacks, or an input over a limit."""
         from triskele.train.data.images import read_image
         from triskele.train.domains.merch.data import facing_crops, read_planogram
 
         path = unit.paths[0]
         if len(unit.paths) == 2:
-            planogram = read_planogram(unit.paths[1])
+            planogram = read_planogram(unit.paths[1], self.limits)
             missing = sorted({v for row in planogram["rows"] for v in row if v != EMPTY} - set(self.gallery[1]))
             if missing:
                 raise ValueError(f"planogram {unit.paths[1]} names SKUs not in the gallery: {missing}")
-            return facing_crops(path, planogram, self.size), planogram
-        return read_image(path, self.size, 3)[None], None
+            return facing_crops(path, planogram, self.size, self.limits), planogram
+        return read_image(path, self.size, 3, self.limits)[None], None
 
     def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
         if context is not None:
@@ -295,7 +301,8 @@ class MerchIO:
         report = compliance_report(np.array(planogram["rows"], dtype=object), found.reshape(rows, cols))
         write_atomically(out_dir / unit.named(".json"), (json.dumps(report, indent=2) + "\n").encode())
         buffer = io.BytesIO()
-        shelf_overlay(open_image(unit.paths[0]), report, planogram["grid"]).save(buffer, format="PNG")
+        shelf_overlay(open_image(unit.paths[0], self.limits), report, planogram["grid"],
+                      self.limits.image_pixels).save(buffer, format="PNG")
         write_atomically(out_dir / unit.named(".png"), buffer.getvalue())
         return {"shelf": unit.key, "compliance": report["compliance"]}
 
@@ -358,8 +365,8 @@ def carry_files(workdir: Path, folder: Path, source: dict[str, Any] | None = Non
 def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> MerchIO:
     """`workdir`: the run's folder, where the gallery index is kept (merch has no predict flags);
     an exported model alone reads the index it carries. `meta` with the model's `identity` refuses
-    an index built by another model."""
-    return MerchIO(meta, workdir)
+    an index built by another model; `meta['limits']`: the input limits (default `InputLimits()`)."""
+    return MerchIO(meta, workdir, meta.get("limits"))
 
 
 def _refresh(model, workdir: Path | None) -> dict[str, Any] | None:

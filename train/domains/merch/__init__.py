@@ -25,7 +25,7 @@ def open_split(config, split: str) -> Source:
 
     if config.data.path:
         files = ProductImages(config.data.path, split, config.model.image_size, classes=class_names(config),
-                              val_fraction=config.data.val_fraction)
+                              val_fraction=config.data.val_fraction, limits=config.limits)
         if jax.process_index() == 0:
             print(files.report(), flush=True)
         return files

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
-from triskele.train.data.images import IMAGE_SUFFIXES, open_image, read_image
+from triskele.train.config import InputLimits
+from triskele.train.data.images import IMAGE_SUFFIXES, image_size, open_image, read_image
 from triskele.train.data.splits import check_split, hold_out
 
 EMPTY = -1
@@ -261,12 +263,12 @@ class ProductImages:
 
     Classes are the model's (`classes`; default: the training split's folders). In an evaluation
     split, crops of training classes are closed-set records; crops of other classes are open-set
-    queries, matched against the gallery.
+    queries, matched against the gallery. Images are read within `limits`.
     """
 
     def __init__(self, root: str | Path, split: str, image_size: int, classes: list[str] | None = None,
-                 val_fraction: float = 0.0):
-        self.root, self.split, self.size = Path(root), check_split(split), image_size
+                 val_fraction: float = 0.0, limits: InputLimits | None = None):
+        self.root, self.split, self.size, self.limits = Path(root), check_split(split), image_size, limits
         self.classes = list(classes) if classes is not None else training_classes(self.root)
         self.num_classes = len(self.classes)
         index = {name: i for i, name in enumerate(self.classes)}
@@ -305,45 +307,74 @@ class ProductImages:
 
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         path, label, kind, _ = self.records[index]
-        image = read_image(path, self.size, 3)
+        image = read_image(path, self.size, 3, self.limits)
         if rng is not None and rng.random() < 0.5:
             image = image * rng.uniform(0.85, 1.15)
         return _record(np.clip(image, 0, 1), label, kind)
 
 
-def read_planogram(path: Path) -> dict:
+def read_planogram(path: Path, limits: InputLimits | None = None) -> dict:
     """Planogram JSON: {"rows": [[sku or null, ...], ...], "grid": {"left", "top", "width", "height"}}
-    (grid: the pixel box that the facings tile, rows x columns of equal cells; default the whole image)."""
+    (a SKU: a string or an integer; grid: the pixel box that the facings tile, rows x columns of
+    equal cells; default the whole image). ValueError naming the file for one that is not, or is
+    over `limits.planogram_bytes` (checked before it is read) or `limits.planogram_facings`."""
+    limits = limits or InputLimits()
     try:
-        data = json.loads(Path(path).read_text())
+        limits.check("planogram_bytes", Path(path).stat().st_size, "the file is")
+        data = json.loads(Path(path).read_bytes())
+        if not isinstance(data, dict) or "rows" not in data:
+            raise ValueError("it must be a JSON object with 'rows' (and optionally 'grid')")
         rows, grid = data["rows"], data.get("grid")
         if not isinstance(rows, list) or not all(isinstance(r, list) and r for r in rows) or \
                 len({len(r) for r in rows}) != 1:
             raise ValueError("'rows' must be a non-empty list of equally long, non-empty lists")
+        limits.check("planogram_facings", len(rows) * len(rows[0]), f"{len(rows)} x {len(rows[0])} =")
+        odd = [v for row in rows for v in row if not (v is None or isinstance(v, str) or _is_integer(v))]
+        if odd:
+            raise ValueError(f"a SKU must be a string, an integer or null (a gap), not {json.dumps(odd[0])[:80]}")
         if grid is not None and not (isinstance(grid, dict) and _is_box(grid)):
-            raise ValueError("'grid' must be {\"left\", \"top\", \"width\", \"height\"} in pixels, width and "
-                             "height positive")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"planogram {path} is not valid: {err}") from None
+            raise ValueError("'grid' must be {\"left\", \"top\", \"width\", \"height\"} in pixels (finite "
+                             "numbers), width and height positive")
+    except (OSError, json.JSONDecodeError, RecursionError, ValueError) as err:
+        why = "its JSON is nested too deeply" if isinstance(err, RecursionError) else err
+        raise ValueError(f"planogram {path} is not valid: {why}") from None
     return {"rows": [[EMPTY if v is None else str(v) for v in row] for row in rows], "grid": grid}
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_box(grid: dict) -> bool:
     values = [grid.get(k) for k in ("left", "top", "width", "height")]
-    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values) and min(values[2:]) > 0
+    return all((_is_integer(v) or isinstance(v, float)) and math.isfinite(v) for v in values) and min(values[2:]) > 0
 
 
-def facing_crops(image_path: Path, planogram: dict, size: int) -> np.ndarray:
-    """The facing cells of a shelf image as (rows*cols, size, size, 3) crops, in row-major order
-    (ValueError naming the file if it is not an image)."""
-    image = open_image(image_path).convert("RGB")
-    grid = planogram["grid"] or {"left": 0, "top": 0, "width": image.width, "height": image.height}
+def facing_boxes(planogram: dict, width: int, height: int) -> list[tuple[int, int, int, int]]:
+    """Each facing's pixel box (left, top, right, bottom) in a width x height shelf image, row-major;
+    ValueError when the planogram's grid reaches outside the image or makes a facing under a pixel."""
+    grid = planogram["grid"] or {"left": 0, "top": 0, "width": width, "height": height}
     rows, cols = len(planogram["rows"]), len(planogram["rows"][0])
+    if min(grid["left"], grid["top"]) < 0 or grid["left"] + grid["width"] > width or \
+            grid["top"] + grid["height"] > height:
+        raise ValueError(f"the planogram's grid {grid} reaches outside the image ({width}x{height} pixels)")
     w, h = grid["width"] / cols, grid["height"] / rows
-    crops = []
-    for r in range(rows):
-        for c in range(cols):
-            box = (grid["left"] + c * w, grid["top"] + r * h, grid["left"] + (c + 1) * w, grid["top"] + (r + 1) * h)
-            crops.append(np.asarray(image.crop(tuple(int(round(v)) for v in box)).resize((size, size), Image.BILINEAR),
-                                    np.float32) / 255.0)
-    return np.stack(crops)
+    boxes = [tuple(int(round(v)) for v in (grid["left"] + c * w, grid["top"] + r * h, grid["left"] + (c + 1) * w,
+                                           grid["top"] + (r + 1) * h)) for r in range(rows) for c in range(cols)]
+    if any(right <= left or bottom <= top for left, top, right, bottom in boxes):
+        raise ValueError(f"the planogram's grid {grid} makes facings under a pixel ({rows} x {cols} facings)")
+    return boxes
+
+
+def facing_crops(image_path: Path, planogram: dict, size: int, limits: InputLimits | None = None) -> np.ndarray:
+    """The facing cells of a shelf image as (rows*cols, size, size, 3) crops, in row-major order;
+    ValueError naming the file if it is not an image read within `limits` or the planogram does not
+    fit it (both checked from its header, before decoding)."""
+    width, height = image_size(image_path, limits)
+    try:
+        boxes = facing_boxes(planogram, width, height)
+    except ValueError as err:
+        raise ValueError(f"shelf {image_path}: {err}") from None
+    image = open_image(image_path, limits).convert("RGB")
+    return np.stack([np.asarray(image.crop(box).resize((size, size), Image.BILINEAR), np.float32) / 255.0
+                     for box in boxes])
