@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+from triskele.train.config import InputLimits
 
 COMMANDS: dict = {}
 """Deepfake has no eval commands of its own (its `prepare` is a training command)."""
@@ -33,15 +34,17 @@ class DeepfakeIO:
     `frames_per_video` frames sampled uniformly and a video gets their mean; the video model
     scores one clip of `model.frames` of them. `videos.csv` (video, frames_sampled, faces_found,
     records, fake_probability, reason: why a video has no score) and, for the frame model,
-    `frames.csv` (per frame, with the face box); `save_faces` keeps the crops."""
+    `frames.csv` (per frame, with the face box); `save_faces` keeps the crops. Videos and crops are
+    read within `limits` (frame size and count from a video's header, pixels from a crop's)."""
 
-    def __init__(self, meta: dict[str, Any], save_faces: Path | None = None):
+    def __init__(self, meta: dict[str, Any], save_faces: Path | None = None, limits: InputLimits | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
         from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
         self.size, self.clip = meta["image_size"], meta["frames"]
         self.per_video = meta["options"]["frames_per_video"]
         self.save_faces = Path(save_faces) if save_faces else None
+        self.limits = limits
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES} | set(VIDEO_SUFFIXES)))
 
     def units(self, root: Path, files: list[Path]):
@@ -64,7 +67,8 @@ class DeepfakeIO:
         from triskele.train.domains.deepfake.data import sample_uniformly
 
         def model_input(crop) -> np.ndarray:
-            return to_model_input(open_image(crop) if isinstance(crop, Path) else Image.fromarray(crop), self.size, 3)
+            picture = open_image(crop, self.limits) if isinstance(crop, Path) else Image.fromarray(crop)
+            return to_model_input(picture, self.size, 3)
 
         found = _Found(names, boxes, sampled, len(crops))
         if self.clip == 1:
@@ -83,7 +87,7 @@ class DeepfakeIO:
         from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
         if unit.paths[0].suffix.lower() in VIDEO_SUFFIXES:
-            faces = video_faces(unit.paths[0], self.per_video)
+            faces = video_faces(unit.paths[0], self.per_video, limits=self.limits)
             records, found = self._records(faces.crops, [f"{i:06d}" for i in faces.indices],
                                            [" ".join(map(str, b)) for b in faces.boxes], faces.frames_sampled)
             found.reason = faces.reason or found.reason
@@ -126,5 +130,6 @@ class DeepfakeIO:
 
 
 def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> DeepfakeIO:
-    """`options`: the deepfake predict flags given (`save_faces`)."""
-    return DeepfakeIO(meta, **options)
+    """`options`: the deepfake predict flags given (`save_faces`); `meta['limits']`: the input limits
+    (default `InputLimits()`)."""
+    return DeepfakeIO(meta, **options, limits=meta.get("limits"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from triskele.train.config import InputLimits
 
 ENLARGE = 1.3
 TRACK_IOU = 0.3
@@ -86,20 +87,31 @@ class VideoFaces:
         return None if self.crops else f"no face in any of {self.frames_sampled} sampled frames"
 
 
-def video_faces(path: Path, frames: int, size: int = CROP_SIZE) -> VideoFaces:
-    """`frames` frames sampled uniformly over the decoded ones, the largest face track cropped."""
+def _faces_in(frame: np.ndarray, size: int) -> tuple[list[Box], dict[Box, np.ndarray] | np.ndarray]:
+    """A sampled frame's face boxes and what is kept of it until the track is known: each box's
+    crop, or the frame itself where its crops would outweigh it (a crowd)."""
+    boxes = detect_faces(frame)
+    if len(boxes) * size * size > frame.shape[0] * frame.shape[1]:
+        return boxes, frame
+    return boxes, {box: crop_face(frame, box, size) for box in boxes}
+
+
+def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLimits | None = None) -> VideoFaces:
+    """`frames` frames sampled uniformly over the decoded ones (the video read within `limits`),
+    the largest face track cropped. Each frame's faces are found as it is decoded, so what is held
+    per sampled frame is its face crops or, if smaller, the frame."""
     from triskele.train.domains.deepfake.video import sample_frames
 
-    indices, pictures, total = sample_frames(Path(path), frames)
-    found = [detect_faces(p) for p in pictures]
-    faces = VideoFaces(total, len(pictures), [], [], [], {})
-    for index, picture, boxes, box in zip(indices, pictures, found, largest_track(found), strict=True):
+    indices, found, total = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size))
+    track = largest_track([boxes for boxes, _ in found])
+    faces = VideoFaces(total, len(found), [], [], [], {})
+    for index, (boxes, kept), box in zip(indices, found, track, strict=True):
         if box is None:
             faces.left_out[index] = "no face" if not boxes else "only faces off the tracked one"
             continue
         faces.indices.append(index)
         faces.boxes.append(box)
-        faces.crops.append(crop_face(picture, box, size))
+        faces.crops.append(kept[box] if isinstance(kept, dict) else crop_face(kept, box, size))
     return faces
 
 

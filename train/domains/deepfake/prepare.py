@@ -6,8 +6,9 @@ A FaceForensics++ video tree (`original_sequences/youtube/<c>/videos/*.mp4`,
 each video's folder `videos/` becomes `frames/`, and the video `<name>.mp4` a folder `<name>/` of
 face crops `<frame index>.png`; the split files are copied. `DIR/manifest.json` lists per video
 the frames decoded and sampled, the crops written, and the frames left out and why (no face, only
-other faces); a video that cannot be read is listed with the reason and the rest go on. Each
-finished video is recorded (`DIR/.prepare/`), so a rerun skips it; videos run in parallel.
+other faces); a video that cannot be read, or is over an input limit (`--set limits.<key>=N`:
+frame size and frame count, checked from its header), is listed with the reason and the rest go on.
+Each finished video is recorded (`DIR/.prepare/`), so a rerun skips it; videos run in parallel.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tqdm import tqdm
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT, StopRequest
 from triskele.train.commands import Command
+from triskele.train.config import InputLimits, add_limits_flag, input_limits
 from triskele.train.data.walk import walk_files
 from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces
 from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
@@ -43,15 +45,15 @@ def _record_path(out: Path, key: str) -> Path:
     return out / ".prepare" / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".json")
 
 
-def prepare_video(task: tuple[Path, Path, Path, int, int]) -> dict[str, Any]:
+def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits]) -> dict[str, Any]:
     """One video -> its crops and its manifest entry (also written to DIR/.prepare/)."""
-    video, raw, out, frames, size = task
+    video, raw, out, frames, size, limits = task
     key = video.relative_to(raw).as_posix()
     entry: dict[str, Any] = {"video": key}
     try:
-        faces = video_faces(video, frames, size)
-    except ValueError as err:
-        entry["error"] = str(err)
+        faces = video_faces(video, frames, size, limits)
+    except Exception as err:  # noqa: BLE001 - whatever one crafted video raises, the others are prepared
+        entry["error"] = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         return entry
     folder = frames_folder(video, raw, out)
     for index, crop in zip(faces.indices, faces.crops, strict=True):
@@ -67,8 +69,9 @@ def prepare_video(task: tuple[Path, Path, Path, int, int]) -> dict[str, Any]:
 
 
 def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers: int = 0, size: int = CROP_SIZE,
-                     progress: bool = True) -> dict[str, Any]:
-    raw, out = Path(raw), Path(out)
+                     progress: bool = True, limits: InputLimits | None = None) -> dict[str, Any]:
+    """Every video of `raw` into the frame layout in `out` (module docstring); returns the summary."""
+    raw, out, limits = Path(raw), Path(out), limits or InputLimits()
     if not raw.is_dir():
         raise ValueError(f"--input {raw} {'is not a folder' if raw.exists() else 'does not exist'}: give the folder "
                          "of the raw video tree")
@@ -81,7 +84,7 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
     for split_file in raw.glob("splits/*.json"):
         write_atomically(out / "splits" / split_file.name, split_file.read_bytes())
     done = {v for v in videos if _record_path(out, v.relative_to(raw).as_posix()).is_file()}
-    todo = [(v, raw, out, frames, size) for v in videos if v not in done]
+    todo = [(v, raw, out, frames, size, limits) for v in videos if v not in done]
     started, entries = time.perf_counter(), []
     bar = tqdm(total=len(todo), disable=not progress, unit="video", dynamic_ncols=True)
     pool = multiprocessing.get_context("spawn").Pool(workers, _ignore_ctrl_c) if workers > 0 else None
@@ -127,10 +130,11 @@ def _prepare_command(parser: argparse.ArgumentParser):
     parser.add_argument("--size", type=int, default=CROP_SIZE, help=f"crop side in pixels (default {CROP_SIZE})")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default 0: this one)")
     parser.add_argument("--no-progress", action="store_true")
+    add_limits_flag(parser, ("frame_pixels", "video_frames"))
 
     def run(args: argparse.Namespace) -> int:
         summary = prepare_deepfake(args.input, args.output, args.frames, args.workers, args.size,
-                                   not args.no_progress)
+                                   not args.no_progress, input_limits(args.set))
         print(json.dumps(summary, indent=2))
         if summary["unreadable"]:
             print(_failures(Path(args.output), summary["videos"]), file=sys.stderr)

@@ -1,16 +1,22 @@
 """Video files: frames sampled uniformly over the frames actually decoded (a container's frame
-count is not trusted), with errors that name the file."""
+count is not trusted), with errors that name the file; each video decoded once (twice only when its
+header's frame count proves wrong), and refused from its header (frame size, frame count) or as
+soon as decoding passes `limits.video_frames`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from triskele.train.config import InputLimits
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 
 
-def _capture(path: Path):
+def _capture(path: Path, limits: InputLimits):
+    """The opened video, its header checked: (capture, frame count the header declares, 0 if none)."""
     import cv2
 
     if not path.is_file() or path.stat().st_size == 0:
@@ -18,19 +24,49 @@ def _capture(path: Path):
     capture = cv2.VideoCapture(str(path))
     if not capture.isOpened():
         raise ValueError(f"cannot read video {path}: OpenCV cannot open it (not a video, or a codec it lacks)")
-    return capture
-
-
-def count_frames(path: Path) -> int:
-    """Frames that decode, counted by reading the stream to its end (no pixels converted)."""
-    capture = _capture(path)
+    width, height = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)), int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    declared = max(int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), 0)
     try:
-        count = 0
+        limits.check("frame_pixels", width * height, f"cannot read video {path}: its frames are {width}x{height} =")
+        limits.check("video_frames", declared, f"cannot read video {path}: its header declares")
+    except ValueError:
+        capture.release()
+        raise
+    return capture, declared
+
+
+def _decode(path: Path, count: int, limits: InputLimits, each: Callable[[np.ndarray], Any], total: int | None = None
+            ) -> tuple[list[int], list[Any], int, int]:
+    """One pass over the video keeping `count` frames spread uniformly over `total` frames (default:
+    the count its header declares): (their indices, `each` of those RGB frames, frames decoded,
+    frames the header declares). Stops with an error past `limits.video_frames`."""
+    import cv2
+
+    capture, declared = _capture(path, limits)
+    wanted = set(uniform_indices(declared if total is None else total, count))
+    indices, kept, position = [], [], 0
+    try:
         while capture.grab():
-            count += 1
+            limits.check("video_frames", position + 1, f"cannot read video {path}: it decodes at least")
+            if position in wanted:
+                ok, frame = capture.retrieve()
+                if not ok:
+                    break
+                height, width = frame.shape[:2]
+                limits.check("frame_pixels", width * height, f"cannot read video {path}: a frame is {width}x{height} =")
+                indices.append(position)
+                kept.append(each(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)))  # OpenCV decodes BGR
+            position += 1
+    except cv2.error as err:
+        raise ValueError(f"cannot read video {path}: decoding failed at frame {position}: {err}") from None
     finally:
         capture.release()
-    return count
+    return indices, kept, position, declared
+
+
+def count_frames(path: Path, limits: InputLimits | None = None) -> int:
+    """Frames that decode, counted by reading the stream to its end (no pixels converted)."""
+    return _decode(Path(path), 0, limits or InputLimits(), lambda frame: frame)[2]
 
 
 def uniform_indices(total: int, count: int) -> list[int]:
@@ -40,30 +76,17 @@ def uniform_indices(total: int, count: int) -> list[int]:
     return sorted(set(np.linspace(0, total - 1, count).round().astype(int).tolist()))
 
 
-def sample_frames(path: Path, count: int) -> tuple[list[int], list[np.ndarray], int]:
-    """(indices, RGB uint8 frames, frames decoded) of `count` frames sampled uniformly over the
-    frames that actually decode; a video with none is an error naming the file."""
-    path = Path(path)
-    total = count_frames(path)
-    if total == 0:
+def sample_frames(path: Path, count: int, limits: InputLimits | None = None,
+                  each: Callable[[np.ndarray], Any] | None = None) -> tuple[list[int], list[Any], int]:
+    """(indices, frames, frames decoded) of `count` frames sampled uniformly over the frames that
+    actually decode, as RGB uint8 arrays or what `each` makes of each one as it is decoded (so only
+    that is kept); a video with none is an error naming the file. The sample is planned from the
+    header's frame count and the video decoded once; where the count decoded differs (a header
+    that lies or only estimates), a second pass samples the frames that did decode."""
+    path, limits, each = Path(path), limits or InputLimits(), each or (lambda frame: frame)
+    indices, kept, total, declared = _decode(path, count, limits, each)
+    if total != declared and total:
+        indices, kept, total, _ = _decode(path, count, limits, each, total)
+    if not kept:
         raise ValueError(f"cannot read video {path}: no frame decodes (truncated or damaged)")
-    wanted = uniform_indices(total, count)
-    import cv2
-
-    capture = _capture(path)
-    frames, indices, position = [], [], 0
-    try:
-        for index in wanted:
-            while position < index and capture.grab():
-                position += 1
-            ok, frame = capture.read()
-            position += 1
-            if not ok:
-                break
-            indices.append(index)
-            frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))  # OpenCV decodes BGR
-    finally:
-        capture.release()
-    if not frames:
-        raise ValueError(f"cannot read video {path}: no frame decodes (truncated or damaged)")
-    return indices, frames, total
+    return indices, kept, total
