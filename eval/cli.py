@@ -19,6 +19,7 @@ from triskele.train.commands import (
     add_domain_flags,
     run_command_line,
 )
+from triskele.train.config import add_limits_flag, input_limits
 from triskele.train.domains import Domain, domains
 
 
@@ -61,6 +62,7 @@ def _predict(parser):
     parser.add_argument("--overwrite", action="store_true",
                         help="predict every input again, also with another model or options than OUT's manifest")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_limits_flag(parser)
     flags = {name: domain.predict_flags for name, domain in domains().items()}
     add_domain_flags(parser, flags)
     _distributed(parser)
@@ -72,7 +74,7 @@ def _predict(parser):
         options = {flag.dest: getattr(a, flag.dest) for domain_flags in flags.values() for flag in domain_flags}
         summary = predict(a.workdir, a.input, a.output, a.mesh, a.step, a.exported, batch=a.batch,
                           overwrite=a.overwrite, workers=a.workers, threads=a.threads, prefetch=a.prefetch,
-                          progress=not a.no_progress, **options)
+                          progress=not a.no_progress, limits=input_limits(a.set), **options)
         return summary, INTERRUPTED_EXIT if summary["interrupted"] else 1 if summary["unreadable"] else 0
 
     return run

@@ -15,6 +15,7 @@ from triskele.eval.model import load_model
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
 from triskele.train.auto_mesh import AUTO, resolve_auto_mesh
+from triskele.train.config import InputLimits
 from triskele.train.data.bad_records import tolerant
 from triskele.train.domains import domains, get_domain
 from triskele.train.run import restore_run
@@ -95,37 +96,40 @@ def _given(model: Any, options: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
-def _predict_io(model: Any, workdir: str | Path | None, given: dict[str, Any]) -> Any:
-    """The model's domain's reader and writer with the options given. A domain's inference module
-    may have `before_predict(model, workdir)`, run first (e.g. an index of reference embeddings
-    built by another model rebuilt); its `predict_io` gets the model's `identity` in `meta`."""
+def _predict_io(model: Any, workdir: str | Path | None, given: dict[str, Any], limits: InputLimits | None) -> Any:
+    """The model's domain's reader and writer with the options given, reading within `limits`. A
+    domain's inference module may have `before_predict(model, workdir)`, run first (e.g. an index of
+    reference embeddings built by another model rebuilt); its `predict_io` gets the model's
+    `identity` and the `limits` (default `InputLimits()`) in `meta`."""
     module = inference_of(get_domain(model.meta["domain"]))
     folder = Path(workdir) if workdir else None
     before = getattr(module, "before_predict", None)
     if before is not None:
         before(model, folder)
-    return module.predict_io({**model.meta, "identity": model.identity}, given, folder)
+    return module.predict_io({**model.meta, "identity": model.identity, "limits": limits or InputLimits()}, given,
+                             folder)
 
 
 def predict(workdir: str | Path | None, input_spec: str | Path, output_dir: str | Path, mesh: str | None = None,
             step: int | None = None, exported: str | Path | None = None, batch: int | None = None,
             overwrite: bool = False, workers: int = 0, threads: int = 4, prefetch: int = 8, progress: bool = True,
-            **options: Any) -> dict[str, Any]:
+            limits: InputLimits | None = None, **options: Any) -> dict[str, Any]:
     """Predicts the inputs of `input_spec` (a folder, searched recursively; a glob; or a text file
     of paths) into `output_dir` with a checkpoint of `workdir` or an `exported` model, through the
     streaming engine; returns the summary. `options`: the model's domain's predict flags by name
     (e.g. mars' `stride=43, tta="flip", overlay=True`), recorded with the model's identity in
-    OUTPUT's manifest: a rerun with another model or other options is refused unless `overwrite`."""
+    OUTPUT's manifest: a rerun with another model or other options is refused unless `overwrite`.
+    `limits`: the input limits (default `InputLimits()`); an input over one goes to errors.csv."""
     model = load_model(workdir, exported, mesh, step, batch)
     given = _given(model, options)
-    return predict_files(model, _predict_io(model, workdir, given), input_spec, output_dir, overwrite=overwrite,
+    return predict_files(model, _predict_io(model, workdir, given, limits), input_spec, output_dir, overwrite=overwrite,
                          threads=threads, prefetch=prefetch, workers=workers, progress=progress, options=given)
 
 
 def predict_iter(workdir: str | Path | None, input_spec: str | Path, mesh: str | None = None,
                  step: int | None = None, exported: str | Path | None = None, batch: int | None = None,
-                 **options: Any) -> Iterator[Prediction]:
+                 limits: InputLimits | None = None, **options: Any) -> Iterator[Prediction]:
     """For notebooks: each input's model outputs as they come (`Prediction(unit, outputs, context,
     error)`), through the same engine as `predict`, nothing written."""
     model = load_model(workdir, exported, mesh, step, batch)
-    return iter_predictions(model, _predict_io(model, workdir, _given(model, options)), input_spec)
+    return iter_predictions(model, _predict_io(model, workdir, _given(model, options), limits), input_spec)

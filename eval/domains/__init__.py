@@ -17,8 +17,10 @@ class DomainInference(Protocol):
     """Commands of `python -m triskele.eval` that are this domain's alone (merch's `gallery`)."""
 
     def predict_io(self, meta: dict[str, Any], options: dict[str, Any], workdir: Path | None) -> Any:
-        """The domain's `triskele.eval.engine.PredictIO` for a model (`meta`), the domain's predict
-        flags given (`options`, by flag dest) and the run's folder (None for an exported model alone)."""
+        """The domain's `triskele.eval.engine.PredictIO` for a model (`meta`, with the model's
+        `identity` and the input `limits` its reader applies: `triskele.train.config.InputLimits`),
+        the domain's predict flags given (`options`, by flag dest) and the run's folder (None for an
+        exported model alone)."""
         ...
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from triskele.models.mars import CLASS_NAMES
 from triskele.models.sliding import resize_bilinear
+from triskele.train.config import InputLimits
 from triskele.train.domains.mars.pictures import blended, mask_png
 
 COMMANDS: dict = {}
@@ -23,10 +24,10 @@ class MarsIO:
     back to the image (bilinear), then argmax; `tta` 'flip' averages the probabilities of the
     mirrored pass; `overlay` also writes NAME.overlay.png (enlarged, as evaluation's). NAME: the input's
     path under the inputs' root, its suffix replaced (kept where two inputs share a stem:
-    `triskele.eval.inputs`)."""
+    `triskele.eval.inputs`). An image over `limits.image_pixels` is refused from its header."""
 
     def __init__(self, meta: dict[str, Any], stride: int | None = None, tta: str | None = None,
-                 overlay: bool = False):
+                 overlay: bool = False, limits: InputLimits | None = None):
         from triskele.models.sliding import default_stride
         from triskele.train.data.images import IMAGE_SUFFIXES
 
@@ -37,7 +38,7 @@ class MarsIO:
         self.stride = stride or default_stride(self.window)
         if not 0 < self.stride <= self.window:
             raise ValueError(f"--stride {self.stride} must be between 1 and the window ({self.window})")
-        self.flip, self.overlay = tta == "flip", overlay
+        self.flip, self.overlay, self.limits = tta == "flip", overlay, limits
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
 
     def units(self, root: Path, files: list[Path]):
@@ -56,13 +57,13 @@ class MarsIO:
         from triskele.models.preprocess import to_frame
         from triskele.train.data.images import open_image
 
-        return to_frame(open_image(path), self.scale, self.channels)
+        return to_frame(open_image(path, self.limits), self.scale, self.channels)
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
         from triskele.models.sliding import extract_windows
         from triskele.train.data.images import image_size
 
-        width, height = image_size(unit.paths[0])
+        width, height = image_size(unit.paths[0], self.limits)
         frame = self._frame(unit.paths[0])
         windows = extract_windows(frame, self.window, self.stride)
         if self.flip:
@@ -104,5 +105,6 @@ class MarsIO:
 
 
 def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> MarsIO:
-    """`options`: the mars predict flags given (`stride`, `tta`, `overlay`)."""
-    return MarsIO(meta, **options)
+    """`options`: the mars predict flags given (`stride`, `tta`, `overlay`); `meta['limits']`: the input
+    limits (default `InputLimits()`)."""
+    return MarsIO(meta, **options, limits=meta.get("limits"))
