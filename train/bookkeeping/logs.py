@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 from tensorboardX import SummaryWriter
+from triskele.train.bookkeeping.files import open_regular, remove_partials, write_atomically
 
 
 class RunLog:
@@ -33,20 +34,21 @@ class RunLog:
         if not self.enabled:
             return 0
         moved = 0
-        if self.path.exists():
+        remove_partials(self.workdir)  # left by a run killed while rewriting metrics.jsonl
+        if os.path.lexists(self.path):  # a link there too: open_regular refuses it
             keep, drop = [], []
-            for line in self.path.read_text().splitlines():
+            with open_regular(self.path, "r") as f:
+                lines = f.read().splitlines()
+            for line in lines:
                 try:
                     later = int(json.loads(line)["step"]) > restored_step
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                     later = True  # a line cut short by a kill
                 (drop if later else keep).append(line)
             if drop:
-                with self.dropped.open("a") as f:
+                with open_regular(self.dropped, "a") as f:
                     f.write("".join(f"{line}\n" for line in drop))
-                partial = self.path.with_suffix(".jsonl.partial")
-                partial.write_text("".join(f"{line}\n" for line in keep))
-                os.replace(partial, self.path)
+                write_atomically(self.path, "".join(f"{line}\n" for line in keep).encode())
                 moved = len(drop)
         self.writer = SummaryWriter(str(self.workdir / "tensorboard"),
                                     purge_step=restored_step + 1 if restored_step > 0 else None)
@@ -55,7 +57,7 @@ class RunLog:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as f:
+        with open_regular(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         for key, value in record.items():
             if key != "step" and isinstance(value, int | float):
