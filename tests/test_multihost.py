@@ -164,7 +164,8 @@ def listening_addresses(port: int) -> set[str]:
             if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
                 raw = bytes.fromhex(address)
                 words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # little-endian 32-bit words
-                found.add(str(ipaddress.ip_address(words)))
+                address = ipaddress.ip_address(words)
+                found.add(str(getattr(address, "ipv4_mapped", None) or address))  # ::ffff:127.0.0.1 is 127.0.0.1
     return found
 
 
