@@ -3,6 +3,7 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
+from sklearn.metrics import confusion_matrix
 from test_mars_data import write_ai4mars
 from trainutil import run
 from triskele.eval.cli import main as eval_main
@@ -12,6 +13,7 @@ from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.eval.model import load_model
 from triskele.models.mars import CLASS_NAMES
 from triskele.train.cli import main as train_main
+from triskele.train.domains.mars.evaluator import MarsEvaluator
 from triskele.train.domains.mars.pictures import IGNORE_COLOUR, PALETTE, legend_entries
 
 
@@ -20,6 +22,47 @@ def trained(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("mars")
     run(workdir, "data=8", **{"run.steps": 4, "optim.lr": 3e-3})
     return workdir
+
+
+@pytest.fixture(scope="module")
+def model(trained):
+    return load_model(trained, mesh="data=8")
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _square_resize_mious(model) -> tuple[float, float]:
+    """The report's square_resize mIoU computed here: each test frame's centre square squeezed to the
+    model's 32 px with PIL (label nearest, image bilinear), one forward pass, scikit-learn's confusion
+    matrix, the mean IoU of the classes present; with each pixel's largest logit (right) and its
+    smallest (the slip the check must catch)."""
+    source = model.parts.domain.open_split(model.parts.config, "test")
+    labels, images = [], []
+    for index in range(len(source)):
+        record = source.load(index)
+        height, width = record["label"].shape
+        side = min(height, width)
+        box = ((width - side) // 2, (height - side) // 2, (width - side) // 2 + side, (height - side) // 2 + side)
+        labels.append(np.asarray(Image.fromarray(record["label"].astype(np.uint8)).crop(box)
+                                 .resize((32, 32), Image.NEAREST)))
+        image = record["image"]
+        assert image.shape[:2] == (height, width)
+        images.append(np.stack([np.asarray(Image.fromarray(np.ascontiguousarray(image[..., k]), mode="F").crop(box)
+                                           .resize((32, 32), Image.BILINEAR)) for k in range(image.shape[-1])], -1))
+    logits = np.asarray(model(np.stack(images).astype(np.float32))["logits"])
+    truth = np.stack(labels)
+    labelled = truth != 255
+
+    def miou(predicted: np.ndarray) -> float:
+        confusion = confusion_matrix(truth[labelled], predicted[labelled], labels=[0, 1, 2, 3])
+        hits = np.diag(confusion)
+        union = confusion.sum(0) + confusion.sum(1) - hits
+        return float(np.mean(hits[union > 0] / union[union > 0]))
+
+    return miou(logits.argmax(-1)), miou(logits.argmin(-1))
 
 
 def test_evaluation_on_another_mesh_gives_the_same_metrics(trained, devices):
@@ -35,7 +78,7 @@ def test_evaluation_on_another_mesh_gives_the_same_metrics(trained, devices):
     assert 0 < a["pixel_acc"] < 1
 
 
-def test_eval_cli_writes_report_plot_and_overlays(trained, capsys):
+def test_eval_cli_writes_report_plot_and_overlays(trained, model, capsys):
     assert eval_main(["--workdir", str(trained), "--mesh", "data=2,fsdp=2,tensor=2"]) == 0
     printed = json.loads(capsys.readouterr().out)
     out = trained / "eval" / "4"
@@ -53,7 +96,11 @@ def test_eval_cli_writes_report_plot_and_overlays(trained, capsys):
     truth = overlay[:288, 288 + 8 : 2 * 288 + 8]
     assert (truth[::6, ::6] == truth[5::6, 5::6]).all(), "labels are enlarged by nearest neighbour"
     assert report["inference"] == {"mode": "slide", "window": 32, "stride": 21, "resolution": "native", "scale": 1.0}
-    assert 0 <= report["square_resize"]["miou"] <= 1
+    # The square-resize figure recomputed here: 0.1600 for this model (the same to round-off); the
+    # class of the smallest logit gives 0.0163. The margin, 0.01, is far inside that gap.
+    right, smallest_logit = _square_resize_mious(model)
+    assert abs(right - smallest_logit) > 0.1, "the case must tell the two apart"
+    assert report["square_resize"]["miou"] == pytest.approx(right, abs=0.01)
 
 
 def test_predict_writes_one_class_mask_per_image_at_its_size(trained, tmp_path, capsys):
@@ -71,7 +118,7 @@ def test_predict_writes_one_class_mask_per_image_at_its_size(trained, tmp_path, 
     assert wide.shape == (30, 50) and set(np.unique(wide)) <= {0, 1, 2, 3}  # every pixel, not the centre only
 
 
-def test_predicted_masks_show_their_classes_and_overlays_are_enlarged(trained, tmp_path, capsys):
+def test_predicted_masks_show_their_classes_and_overlays_are_enlarged(trained, model, tmp_path, capsys):
     inputs, out = tmp_path / "in", tmp_path / "out"
     inputs.mkdir()
     Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64), np.uint8)).save(inputs / "small.png")
@@ -83,17 +130,49 @@ def test_predicted_masks_show_their_classes_and_overlays_are_enlarged(trained, t
     palette = np.asarray(mask.getpalette(), np.uint8).reshape(-1, 3)
     np.testing.assert_array_equal(palette[: len(PALETTE)], PALETTE)
     assert tuple(palette[255]) == IGNORE_COLOUR
-    model = load_model(trained, mesh="data=8")
     io = predict_io(model.meta, {})
     [prediction] = iter_predictions(model, io, inputs)
     expected = io.probabilities(prediction.outputs["logits"], *prediction.context).argmax(-1)
     np.testing.assert_array_equal(np.asarray(mask), expected)
+    # Evaluation scores the same image against the written mask as its label: every pixel agrees.
+    # With two classes swapped on the way to the file (soil and sand: 39% of this mask) it is 0.61.
+    pixels = np.asarray(Image.open(inputs / "small.png"), np.float32)[..., None] / 255
+
+    class WrittenMask:
+        def __len__(self):
+            return 1
+
+        def load(self, index, rng=None):
+            return {"image": pixels, "label": np.asarray(mask)}
+
+    evaluator = MarsEvaluator(model.parts)
+    assert evaluator.metrics(evaluator.accumulate(model.params, WrittenMask()))["pixel_acc"] == 1.0
     picture = np.asarray(Image.open(out / "small.overlay.png"))
     assert picture.shape[0] >= 256 + 24, "a 64-px input is enlarged as evaluation's overlays are"
     blend = picture[:256, :256]
     assert (blend[::4, ::4] == blend[3::4, 3::4]).all(), "enlarged by nearest neighbour"
     assert [name for name, _ in legend_entries(ignored=False)] == list(CLASS_NAMES), "a prediction has no ignored"
     assert [name for name, _ in legend_entries(ignored=True)] == [*CLASS_NAMES, "ignored"]
+
+
+def test_flip_tta_averages_the_plain_and_the_mirrored_pass_flipped_back(trained, model, tmp_path, capsys):
+    """A 32-px input is one window: its --tta flip mask is the argmax of the mean of the softmax of
+    the model's logits for it and of those for its mirror image, mirrored back, computed here. Without
+    the flip back 34% of this mask's pixels change (any change fails); the plain pass alone differs
+    by 33%."""
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    pixels = np.random.default_rng(2).integers(0, 255, (32, 32), np.uint8)
+    Image.fromarray(pixels).save(inputs / "one.png")
+    code = eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(out),
+                      "--mesh", "data=8", "--tta", "flip", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    frame = (pixels.astype(np.float32) / 255)[None, :, :, None]
+    plain = np.asarray(model(frame)["logits"])[0]
+    mirrored = np.asarray(model(np.ascontiguousarray(frame[:, :, ::-1]))["logits"])[0]
+    expected = (_softmax(plain) + _softmax(mirrored[:, ::-1])).argmax(-1)
+    assert (expected != (_softmax(plain) + _softmax(mirrored)).argmax(-1)).mean() > 0.1, "the case tells them apart"
+    np.testing.assert_array_equal(np.asarray(Image.open(out / "one.png")), expected)
 
 
 def test_eval_errors(tmp_path, capsys):

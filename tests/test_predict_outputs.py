@@ -111,3 +111,71 @@ def test_shelves_without_a_gallery_are_refused_naming_the_command_that_builds_on
     with pytest.raises(ValueError, match=r"gallery --workdir /runs/shop --input REFERENCE_FOLDER, then export again "
                                          r"\(the export carries it\) or predict with --workdir /runs/shop"):
         input_units(merch_io(exported, {}, None), tmp_path / "in")
+
+
+# --- mars' masks from hand-made logits (issue 38, items 3 and 7) ------------------------------------
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_mars_flip_tta_mirrors_the_windows_and_flips_their_logits_back(tmp_path):
+    """A 16-px frame is one window: its probabilities are the mean of the plain window's softmax and
+    the softmax of the mirrored window's logits mirrored back, computed here in numpy. Without the
+    flip back, 52% of this case's pixels change class (any share above 0 fails)."""
+    io = _mars(tta="flip")
+    picture = tmp_path / "in" / "frame.png"
+    picture.parent.mkdir()
+    Image.fromarray(np.random.default_rng(3).integers(0, 255, (16, 16), np.uint8)).save(picture)
+    [unit] = input_units(io, picture.parent)
+    windows, context = io.read(unit)
+    assert windows.shape == (2, 16, 16, 1)
+    np.testing.assert_array_equal(windows[1], windows[0][:, ::-1], "the second window is the first mirrored")
+    rng = np.random.default_rng(4)
+    plain, mirrored = rng.normal(size=(2, 1, 16, 16, 4)).astype(np.float32)
+    got = io.probabilities(np.concatenate([plain, mirrored]), *context)
+    expected = (_softmax(plain[0]) + _softmax(mirrored[0][:, ::-1])) / 2
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    unflipped = (_softmax(plain[0]) + _softmax(mirrored[0])) / 2
+    assert (unflipped.argmax(-1) != expected.argmax(-1)).mean() > 0.3, "the case must tell the two apart"
+    # A mirror-equivariant model (mirrored window -> mirrored logits) gives the plain pass back.
+    equivariant = io.probabilities(np.concatenate([plain, plain[:, :, ::-1]]), *context)
+    np.testing.assert_allclose(equivariant, _softmax(plain[0]), rtol=1e-5, atol=1e-6)
+
+
+CLASS_COLOURS = {"soil": (170, 120, 80), "bedrock": (120, 120, 130), "sand": (235, 200, 110),
+                 "big_rock": (200, 40, 40)}
+"""Mars' classes in AI4Mars' label order (0 soil, 1 bedrock, 2 sand, 3 big rock) and their colours."""
+
+
+def test_a_written_mars_mask_holds_the_class_of_each_pixels_largest_logit_in_its_colour(tmp_path):
+    """Two overlapping 16-px windows of a 16 x 24 frame whose logits favour a known class at each
+    pixel (stripes of all four classes): the palette PNG read back holds exactly those classes,
+    each shown in its class's colour, and the row counts them. A swap of two classes anywhere
+    between the logits and the file (stitching, argmax, the writer, the palette) fails it."""
+    from triskele.models.mars import CLASS_NAMES
+    from triskele.models.sliding import window_boxes
+
+    assert CLASS_NAMES == tuple(CLASS_COLOURS)
+    io = _mars()
+    picture = tmp_path / "in" / "frame.png"
+    picture.parent.mkdir()
+    Image.fromarray(np.full((16, 24), 90, np.uint8)).save(picture)
+    [unit] = input_units(io, picture.parent)
+    windows, context = io.read(unit)
+    assert context == ((16, 24), (16, 24))
+    rows, columns = np.mgrid[:16, :24]
+    classes = (columns // 6 + rows // 8) % 4
+    favoured = 4.0 * np.eye(4, dtype=np.float32)[classes] + np.random.default_rng(5).normal(0, 0.3, (16, 24, 4))
+    boxes = window_boxes(16, 24, 16, io.stride)
+    assert len(boxes) == len(windows) == 2
+    logits = np.stack([favoured[top:top + 16, left:left + 16] for top, left in boxes]).astype(np.float32)
+    out = tmp_path / "out"
+    row = io.write(unit, context, {"logits": logits}, out)
+    mask = Image.open(out / row["mask"])
+    np.testing.assert_array_equal(np.asarray(mask), classes)
+    assert row["class_pixels"] == np.bincount(classes.ravel(), minlength=4).tolist() == [96, 96, 96, 96]
+    shown = np.asarray(mask.convert("RGB"))
+    for index, (name, colour) in enumerate(CLASS_COLOURS.items()):
+        assert {tuple(c) for c in shown[classes == index]} == {colour}, name
