@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import ml_dtypes
 import numpy as np
+from triskele.train.bookkeeping.files import atomic_file
 
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
           "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2, "I64": np.int64, "I32": np.int32,
@@ -162,7 +163,8 @@ def _check_disjoint(path: Path, tensors: Mapping[str, Tensor]) -> None:
 
 def write_safetensors(path: str | Path, tensors: Mapping[str, np.ndarray],
                       metadata: Mapping[str, str] | None = None) -> int:
-    """Writes `tensors` in name order, as the safetensors library does; returns the data bytes."""
+    """Writes `tensors` in name order, as the safetensors library does (atomically, never through a
+    link planted at `path`); returns the data bytes."""
     header, offset = {}, 0
     arrays = {}
     for name in sorted(tensors):
@@ -177,7 +179,7 @@ def write_safetensors(path: str | Path, tensors: Mapping[str, np.ndarray],
         header["__metadata__"] = dict(metadata)
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # align the data to 8 bytes
-    with Path(path).open("wb") as f:
+    with atomic_file(Path(path)) as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
         for array in arrays.values():

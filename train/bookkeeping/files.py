@@ -16,24 +16,35 @@ import functools
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 PARTIAL = ".partial"  # the suffix of every temporary file write_atomically makes (".NAME.<random>.partial")
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """The file appears whole or not at all: written to a fresh temporary file in the same folder
-    (mkstemp: a random name, O_EXCL, so nothing planted can be written through), flushed to disk,
-    then renamed over PATH (os.replace replaces a symlink at PATH, never follows it). The file gets
-    the mode a plain open() would give it."""
+    """The file appears whole or not at all, and a link planted at PATH is replaced, never followed
+    (`atomic_file`)."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A binary file to write PATH through, for one too large to hold whole in memory: it appears
+    whole or not at all. Written to a fresh temporary file in the same folder (mkstemp: a random
+    name, O_EXCL, so nothing planted can be written through), flushed to disk, then renamed over
+    PATH (os.replace replaces a symlink at PATH, never follows it) when the block ends; an
+    exception in the block removes it and leaves PATH as it was. The file gets the mode a plain
+    open() would give it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = _locked_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:  # closing it releases the flock, after the rename
             os.fchmod(f.fileno(), _new_file_mode())
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
             os.replace(temp, path)
