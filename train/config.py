@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.metrics import ALWAYS as METRICS_OF_EVERY_DOMAIN
 
 PRECISIONS = ("auto", "float32", "bfloat16", "fp8")
@@ -198,7 +199,8 @@ class Config:
         return {"domain": data.pop("domain"), self.domain: data.pop("options"), **data}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Writes the config as JSON to `path` (atomically: a link planted there is replaced, not followed)."""
+        write_atomically(Path(path), (json.dumps(self.to_dict(), indent=2) + "\n").encode())
 
     def to_yaml(self) -> str:
         """Every key as YAML (nested as `to_dict`) that `--config FILE` reads back to this config: a

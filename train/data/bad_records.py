@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from triskele.train.bookkeeping.files import open_regular
 from triskele.train.data.pipeline import Source
 
 
@@ -51,7 +52,7 @@ class SkipBadRecords:
                 return
             self.bad[index] = reason
             if self.log is not None:
-                with self.log.open("a") as f:
+                with open_regular(self.log, "a") as f:  # never through a link planted there
                     f.write(f"{self.split}\t{index}\t{' '.join(reason.split())}\n")
 
     def __getstate__(self) -> dict[str, Any]:  # Grain worker processes get their own lock
