@@ -11,7 +11,7 @@ import numpy as np
 from triskele.models.mars import CLASS_NAMES
 from triskele.models.sliding import resize_bilinear
 from triskele.train.config import InputLimits
-from triskele.train.domains.mars.pictures import blended, mask_png
+from triskele.train.domains.mars.pictures import blended, mask_png, png_bytes
 
 COMMANDS: dict = {}
 """Mars has no eval commands of its own."""
@@ -81,9 +81,6 @@ class MarsIO:
                 + softmax(frame_logits(mirrored[:, :, ::-1], frame_shape, native_shape, self.stride))) / 2
 
     def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
-        import io
-
-        from PIL import Image
         from triskele.train.bookkeeping.files import write_atomically
 
         frame_shape, native_shape = context
@@ -93,11 +90,9 @@ class MarsIO:
         row = {"input": unit.key, "mask": name, "height": native_shape[0], "width": native_shape[1],
                "class_pixels": np.bincount(mask.ravel(), minlength=len(CLASS_NAMES)).tolist()}
         if self.overlay:
-            buffer = io.BytesIO()
             image = resize_bilinear(self._frame(unit.paths[0]), *native_shape)
-            Image.fromarray(blended(image, mask)).save(buffer, format="PNG")
             row["overlay"] = unit.named(".overlay.png")
-            write_atomically(out_dir / row["overlay"], buffer.getvalue())
+            write_atomically(out_dir / row["overlay"], png_bytes(blended(image, mask)))
         return row
 
     def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:

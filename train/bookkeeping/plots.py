@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
+
+from triskele.train.bookkeeping.files import write_atomically
 
 TRAINING_PANELS = (("loss", "training loss"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
                    ("images_per_sec", "images / s"))
@@ -70,11 +73,14 @@ def panels_figure(records: dict[int, dict], keys: list[tuple[str, str]], title: 
 
 
 def save_figure(fig, path: Path, dpi: int = 100) -> None:
-    """Writes a matplotlib Figure to `path` and frees it."""
+    """Writes a matplotlib Figure to `path` (atomically, in the format its suffix names: a link
+    planted there is replaced, not followed) and frees it."""
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, dpi=dpi)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip("."), dpi=dpi)
     plt.close(fig)
+    write_atomically(Path(path), buffer.getvalue())
 
 
 def _panels(records: dict[int, dict], keys: list[tuple[str, str]], title: str, path: Path) -> None:

@@ -31,8 +31,7 @@ def plot_roc(labels: np.ndarray, scores: np.ndarray, path: Path, title: str) -> 
     ax.set_title(title)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def family_names(aucs: dict[str, float]) -> list[str]:

@@ -17,10 +17,11 @@ from triskele.mesh.chunks import run_groups
 from triskele.models.mars import DEFAULT_CLASS_WEIGHTS, IGNORE_LABEL, NUM_CLASSES
 from triskele.models.preprocess import square_crop_box
 from triskele.models.sliding import default_stride, extract_windows, resize_bilinear
+from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.data.pipeline import Source, prefetched
 from triskele.train.domains.mars.frames import frame_logits, runner_of, whole_frames
 from triskele.train.domains.mars.metrics import confusion_metrics
-from triskele.train.domains.mars.pictures import overlay, plot_confusion
+from triskele.train.domains.mars.pictures import overlay, plot_confusion, png_bytes
 
 EXAMPLES = 4
 """Overlays (image | truth | prediction) a report draws, of the split's first frames."""
@@ -114,6 +115,6 @@ class MarsEvaluator:
         for i, (record, logits) in enumerate(whole_frames(self.parts, params, records)):
             name = f"overlay_{i}.png"
             image = resize_bilinear(record["image"], *record["label"].shape)  # a scaled frame at its label's size
-            Image.fromarray(overlay(image, record["label"], logits.argmax(-1))).save(out_dir / name)
+            write_atomically(out_dir / name, png_bytes(overlay(image, record["label"], logits.argmax(-1))))
             written.append(name)
         return written

@@ -1,5 +1,5 @@
-"""Mars pictures: class colours, a class-index mask as a palette PNG, the image | truth |
-prediction overlay, a mask blended over its image, the confusion-matrix plot."""
+"""Mars pictures: class colours, a class-index mask as a palette PNG, a picture as PNG bytes, the
+image | truth | prediction overlay, a mask blended over its image, the confusion-matrix plot."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from triskele.models.mars import CLASS_NAMES, IGNORE_LABEL
+from triskele.train.bookkeeping.plots import save_figure
 
 # Display colours: soil, bedrock, sand, big rock; ignored pixels (and out-of-range values) white.
 PALETTE = np.array([[170, 120, 80], [120, 120, 130], [235, 200, 110], [200, 40, 40]], np.uint8)
@@ -34,6 +35,15 @@ def mask_png(mask: np.ndarray) -> bytes:
     picture.putpalette(palette.ravel().tolist())  # an 'L' image given a palette becomes 'P', its values kept
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """A uint8 picture (H, W) or (H, W, 3) as PNG bytes, for `write_atomically`."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
 
 
@@ -87,8 +97,7 @@ def plot_confusion(confusion: np.ndarray, path: Path) -> None:
             ax.text(j, i, f"{rows[i, j]:.2f}", ha="center", va="center", color="white" if rows[i, j] > 0.5 else "black")
     ax.set_title("confusion (row-normalised)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def legend_entries(ignored: bool) -> list[tuple[str, tuple[int, int, int]]]:
