@@ -80,8 +80,9 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 def write_json(path: str | Path | None, payload: dict[str, Any]) -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=2, default=float) + "\n")
+        from triskele.train.bookkeeping.files import write_atomically
+
+        write_atomically(Path(path), (json.dumps(payload, indent=2, default=float) + "\n").encode())
         print(f"wrote {path}")
 
 

@@ -115,6 +115,8 @@ def markdown(title: str, rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from triskele.train.bookkeeping.files import write_atomically
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", action="store_true", help="tiny shapes on CPU (what the tests run)")
     parser.add_argument("--out", default="runs/bench-gpu")
@@ -127,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     predicting = predict_rows(plan, out / "checkpoints")
     result = {"machine": machine(), "mode": "cpu" if args.cpu else "gpu", "training": training,
               "predict": predicting, "seconds": time.perf_counter() - began}
-    (out / "gpu.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
-    (out / "gpu.md").write_text(markdown("Training step, one GPU", training) + "\n"
-                                + markdown("Predict, forward only", predicting))
-    print((out / "gpu.md").read_text())
+    report = markdown("Training step, one GPU", training) + "\n" + markdown("Predict, forward only", predicting)
+    write_atomically(out / "gpu.json", (json.dumps(result, indent=2, default=float) + "\n").encode())
+    write_atomically(out / "gpu.md", report.encode())
+    print(report)
     print(f"wrote {out / 'gpu.json'} and {out / 'gpu.md'} in {result['seconds']:.0f} s")
     return 0
 

@@ -17,6 +17,7 @@ input pipeline, the device and the writer overlapping; forward only runs the sam
 from __future__ import annotations
 
 import argparse
+import io
 import resource
 import shutil
 import sys
@@ -31,6 +32,7 @@ from triskele.eval.engine import predict_files
 from triskele.eval.model import load_model
 from triskele.eval.quantize import quantize_checkpoint
 from triskele.train import make_config, train
+from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.domains import get_domain
 
 PRESETS = ("mars-tiny", "mars-s16", "deepfake-tiny", "merch-tiny")
@@ -67,7 +69,9 @@ def write_inputs(folder: Path, meta: dict, count: int) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for j in range(per_video):
             pixels = rng.integers(0, 255, (size, size) if channels == 1 else (size, size, channels), np.uint8)
-            Image.fromarray(pixels).save(target / f"{i:05d}_{j:03d}.png")
+            buffer = io.BytesIO()
+            Image.fromarray(pixels).save(buffer, format="PNG")
+            write_atomically(target / f"{i:05d}_{j:03d}.png", buffer.getvalue())
 
 
 def forward_only(model, records: np.ndarray, repeats: int = 5) -> float:

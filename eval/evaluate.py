@@ -15,6 +15,7 @@ from triskele.eval.model import load_model
 from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
 from triskele.train.auto_mesh import AUTO, resolve_auto_mesh
+from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.config import InputLimits
 from triskele.train.data.bad_records import tolerant
 from triskele.train.domains import domains, get_domain
@@ -66,7 +67,7 @@ def evaluate_checkpoint(
     if jax.process_index() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         report["files"] = evaluator.write_artifacts(params, source, totals, out_dir)
-        (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_atomically(out_dir / "report.json", (json.dumps(report, indent=2) + "\n").encode())
     report["report"] = str(out_dir / "report.json")
     return report
 

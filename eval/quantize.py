@@ -21,6 +21,7 @@ from triskele.eval.export import carry_run_files
 from triskele.mesh import make_mesh, tree_shardings
 from triskele.models.layers import Dense
 from triskele.models.quantize import check_format, quantize
+from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import CheckpointConfig, config_from_dict
 from triskele.train.run import prepare, restore_run
@@ -96,6 +97,6 @@ def quantize_checkpoint(workdir: str | Path, fmt: str, step: int | None = None, 
                "kernel_bytes_float32": kernels["float32"], "kernel_bytes": kernels["quantized"],
                "kernel_bytes_with_scales": weight_bytes([_lookup(params, p) for p in quantized_paths])}
     summary["files_carried"] = carry_run_files(parts, state.params, step, workdir, output)
-    (output / "quantization.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomically(output / "quantization.json", (json.dumps(summary, indent=2) + "\n").encode())
     return summary
 

@@ -28,6 +28,8 @@ from triskele.mesh.perf.run_cost import ownership, run_cost
 from triskele.mesh.perf.transformer_shape import parse_shape
 from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MESH_AXES
+from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.bookkeeping.plots import save_figure
 from triskele.train.commands import Command, run_command_line
 from triskele.train.config import PRESETS, make_config
 
@@ -87,8 +89,7 @@ def plot_scaling(rows: list[dict], path: Path) -> None:
     right.set_title("scaling efficiency")
     right.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
@@ -168,8 +169,7 @@ def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: Mod
     throughput = per_second(rows, "images_per_sec", shape, tokens=model is None)
     print_rows(rows, ["gpu", "format", "batch", throughput, "bound", "compute_ms", "memory_ms", "compute_bound_from"])
     if args.output:
-        Path(args.output).mkdir(parents=True, exist_ok=True)
-        (Path(args.output) / "plan.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+        write_atomically(Path(args.output) / "plan.json", (json.dumps(rows, indent=2, default=str) + "\n").encode())
     return 0
 
 
@@ -229,9 +229,8 @@ def _print_scaling(args: argparse.Namespace, make, gpu: Gpu, batch: int) -> int:
     print(f"{args.preset or args.shape}, global batch {batch}, {gpu.name}, {gpus_per_node} GPUs per node: "
           "predicted step time and scaling efficiency")
     print_rows(rows, columns)
-    output.mkdir(parents=True, exist_ok=True)
     plot_scaling(rows, output / "scaling.png")
-    (output / "scaling.json").write_text(json.dumps(rows, indent=2) + "\n")
+    write_atomically(output / "scaling.json", (json.dumps(rows, indent=2) + "\n").encode())
     print(f"wrote {output / 'scaling.png'} and {output / 'scaling.json'}")
     return 0
 
@@ -272,9 +271,7 @@ def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int, tok
               f"{top['break_even_hours_per_year']:,.0f} busy hours per year "
               f"({top['break_even_hours_per_year'] / 8766:.0%} utilisation)")
     if args.output:
-        output = Path(args.output)
-        output.mkdir(parents=True, exist_ok=True)
-        (output / "plan.json").write_text(json.dumps(rows, indent=2) + "\n")
+        write_atomically(Path(args.output) / "plan.json", (json.dumps(rows, indent=2) + "\n").encode())
     return 0
 
 
