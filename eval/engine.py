@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 from triskele.mesh.chunks import run_groups
-from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.bookkeeping.files import remove_partials, write_atomically
 from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.data.pipeline import prefetched
 
@@ -160,6 +160,14 @@ class Journal:
                 return
         raise ValueError(f"--output {self.out_dir} holds predictions made otherwise: {differences}. Predict into "
                          "another --output, or add --overwrite to predict every input again with these")
+
+    def remove_partials(self, units: Sequence[Unit]) -> None:
+        """Removes the temporary files that killed writers left (their names are random: no rerun
+        writes over them) in the folders predict writes: OUT, its state folders and the folders of
+        the units' outputs; a live writer's stays (`triskele.train.bookkeeping.files.remove_partials`)."""
+        outputs = {(self.out_dir / unit.named("")).parent for unit in units}
+        for folder in {self.out_dir, self.out_dir / STATE_DIR, self.rows, self.errors, *outputs}:
+            remove_partials(folder)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         write_atomically(self.manifest, (json.dumps(manifest, indent=2) + "\n").encode())
@@ -330,6 +338,8 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
     refuse_output_among_inputs(input_spec, out_dir, (path for unit in units for path in unit.paths))
     mine = units[jax.process_index() :: jax.process_count()]
     journal = Journal(out_dir)
+    if jax.process_index() == 0:
+        journal.remove_partials(units)
     manifest = predict_manifest(model, options or {})
     journal.check_manifest(manifest, overwrite)
     stamps = {u.key: input_stamp(u) for u in mine}
