@@ -1,19 +1,37 @@
 """Links planted in a workdir or output folder never redirect a write (issue 37, items 1 and 8):
-the workdir lock, atomic writes, the metrics log, and bench/gpu.sh's package folder."""
+the workdir lock, atomic writes, the metrics log, config.json, the bad-records log, plots, weight
+files and the planner's outputs, predict's sweep of a killed job's temporary files, and
+bench/gpu.sh's package folder."""
 
 import fcntl
+import json
 import os
 import shutil
 import stat
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
+from triskele.eval.domains.mars import predict_io
+from triskele.eval.engine import STATE_DIR, predict_files
+from triskele.eval.model import load_model
 from triskele.train.bookkeeping.files import remove_partials, write_atomically
 from triskele.train.bookkeeping.lock import WorkdirLock
 from triskele.train.bookkeeping.logs import RunLog
+from triskele.train.bookkeeping.plots import write_plots
+from triskele.train.config import make_config
+from triskele.train.data.bad_records import SkipBadRecords
+from triskele.train.domains.deepfake.evaluator import plot_roc
+from triskele.train.domains.mars.pictures import plot_confusion
+from triskele.train.safetensors import SafetensorsFile, write_safetensors
+from triskele.train.tools.plan import main as plan_main
+from triskele.train.tools.plan import plot_scaling
 
 ROOT = Path(__file__).resolve().parents[1]
+LEGACY_RUN = ROOT / "tests" / "fixtures" / "legacy" / "mars-run"
+"""A mars checkpoint (16 px, depth 1) kept in the repository."""
 GPU_SH = ROOT / "bench" / "gpu.sh"
 PRECIOUS = b"precious, not the run's\n"
 
@@ -179,3 +197,124 @@ echo "run PYTHONPATH=$PYTHONPATH $*" >> {record}
     subprocess.run(["bash", str(checkout / "bench" / "gpu.sh")], env={**env, "TRISKELE_SITE": str(given)},
                    check=True, timeout=60)
     assert f"target {given} " in record.read_text() and given.is_dir()
+
+
+def _assert_written_in_place_of_the_link(path: Path, victim: Path) -> None:
+    assert victim.read_bytes() == PRECIOUS, f"{path.name} was written through the link planted there"
+    assert not path.is_symlink() and path.is_file() and path.stat().st_size > 0
+
+
+def test_config_json_is_written_in_place_of_a_link_planted_there(tmp_path, victim):
+    workdir = tmp_path / "W"
+    workdir.mkdir()
+    (workdir / "config.json").symlink_to(victim)
+    config = make_config("mars-tiny")
+    config.save(workdir / "config.json")  # as every training run does, and quantize for its copy
+    _assert_written_in_place_of_the_link(workdir / "config.json", victim)
+    assert (workdir / "config.json").read_text() == json.dumps(config.to_dict(), indent=2) + "\n"
+
+
+def _training_curves(workdir: Path) -> None:
+    (workdir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
+    write_plots(workdir)
+
+
+FIGURES = {  # what draws a figure into a folder: the file it writes there
+    "plots/training.png": _training_curves,
+    "confusion.png": lambda folder: plot_confusion(np.eye(5), folder / "confusion.png"),
+    "roc.png": lambda folder: plot_roc(np.array([0, 1, 0, 1]), np.array([0.1, 0.8, 0.3, 0.6]), folder / "roc.png",
+                                       "frame-level ROC"),
+    "scaling.png": lambda folder: plot_scaling([{"choice": "data", "devices": d, "step_ms": 10.0 / d,
+                                                 "efficiency": 1.0, "comm_bound": False} for d in (8, 16)],
+                                               folder / "scaling.png"),
+}
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_a_figure_is_written_in_place_of_a_link_planted_there(tmp_path, victim, name):
+    """The run's curves, the mars confusion matrix, the deepfake ROC and the planner's scaling plot."""
+    folder = tmp_path / "W"
+    (folder / name).parent.mkdir(parents=True)
+    (folder / name).symlink_to(victim)
+    FIGURES[name](folder)
+    _assert_written_in_place_of_the_link(folder / name, victim)
+    assert (folder / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+class _Unreadable:
+    """A split whose record 0 is a crafted file its reader refuses."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def load(self, index, rng=None):
+        if index == 0:
+            raise ValueError("frames/0.png: cannot read image")
+        return {"image": np.zeros((2, 2), np.float32)}
+
+
+def test_the_bad_records_log_is_never_appended_through_a_link(tmp_path, victim):
+    log = tmp_path / "bad_records.txt"
+    log.symlink_to(victim)
+    with pytest.raises(ValueError, match=r"bad_records\.txt is a symbolic link"):
+        SkipBadRecords(_Unreadable(), "train", log).load(0)
+    assert victim.read_bytes() == PRECIOUS
+    log.unlink()
+    assert SkipBadRecords(_Unreadable(), "train", log).load(0)["image"].shape == (2, 2)  # once removed, it goes on
+    assert log.read_text() == "train\t0\tframes/0.png: cannot read image\n" and not log.is_symlink()
+
+
+def test_a_weights_file_is_written_in_place_of_a_link_planted_there(tmp_path, victim):
+    path = tmp_path / "backbone.safetensors"
+    path.symlink_to(victim)
+    weights = {"blocks.0.weight": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    assert write_safetensors(path, weights, {"format": "pt"}) == 24
+    _assert_written_in_place_of_the_link(path, victim)
+    np.testing.assert_array_equal(SafetensorsFile(path).get("blocks.0.weight"), weights["blocks.0.weight"])
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+@pytest.mark.parametrize("mode, written", [
+    (["--devices", "8"], ["plan.json"]),
+    (["--scaling"], ["scaling.json", "scaling.png"]),
+    (["--inference"], ["plan.json"]),
+])
+def test_the_planners_outputs_are_written_in_place_of_links_planted_there(tmp_path, victim, mode, written, capsys):
+    out = tmp_path / "plan"
+    out.mkdir()
+    for name in written:
+        (out / name).symlink_to(victim)
+    assert plan_main(["--preset", "mars-b16", "--gpu", "h200", "--output", str(out), *mode]) == 0
+    for name in written:
+        _assert_written_in_place_of_the_link(out / name, victim)
+    assert json.loads((out / written[0]).read_text())
+
+
+def test_predict_removes_the_temporary_files_a_killed_job_left_in_the_folders_it_writes(tmp_path, victim):
+    """Their names are random, so a rerun never writes over them: it sweeps them (a live writer's
+    flocked one stays), in OUT, its state folders and its outputs' folders, and nowhere else."""
+    photos, out = tmp_path / "photos", tmp_path / "OUT"
+    for name in ("a.png", "sub/b.png", "sub/c.png"):
+        (photos / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((16, 16), 90, np.uint8)).save(photos / name)
+    model = load_model(LEGACY_RUN, mesh="data=8")
+    mars = predict_io(model.meta, {})
+    assert predict_files(model, mars, photos, out, progress=False)["written"] == 3
+    shutil.copy(photos / "a.png", photos / "sub" / "d.png")  # the killed job's input not written yet
+    killed = [out / ".a.png.k1x9.partial", out / ".summary.json.z0q3.partial", out / "sub" / ".b.png.w8e2.partial",
+              out / STATE_DIR / ".manifest.json.p4m1.partial", out / STATE_DIR / "rows" / ".0f3a.json.c7v5.partial",
+              out / STATE_DIR / "errors" / ".9b1e.json.u2r6.partial"]
+    kept = [tmp_path / ".elsewhere.y5t5.partial", photos / ".a.png.h6j2.partial",
+            out / "notes" / ".todo.txt.n3b8.partial"]  # not a folder predict writes
+    for path in killed + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half")
+    live = out / "sub" / ".e.png.l1v3.partial"
+    (out / ".c.png.partial").symlink_to(victim)  # a link planted there: not removed, never written through
+    with live.open("wb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # as write_atomically holds its temporary file while writing
+        summary = predict_files(model, mars, photos, out, progress=False)
+    assert (summary["skipped"], summary["written"]) == (3, 1) and (out / "sub" / "d.png").is_file()
+    assert [p for p in killed if p.exists()] == [], "a killed writer's temporary file is left"
+    assert all(p.exists() for p in kept + [live]) and victim.read_bytes() == PRECIOUS
+    assert [p.name for p in out.glob(".*.partial")] == [".c.png.partial"]
