@@ -1,11 +1,14 @@
 """`python -m triskele.train --print-config`: the fully resolved config as YAML that `--config` reads
 back to the same config, and the README's preset table, generated from the registry."""
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from triskele.models.mars import CLASS_NAMES as MARS_CLASSES
 from triskele.train.cli import main
 from triskele.train.config import PRESETS, Config, YamlLoader, make_config, presets_table
@@ -130,3 +133,56 @@ def test_preset_table_states_what_each_preset_sets():
             assert cell is not None, f"{key} is set by a preset but not in the table"
             expected = "" if key not in values else str(values[key])
             assert cell == expected, (name, key)
+
+
+# --- a config file sets what it holds (issue 38, item 14: the fuzz test only checks the error type) ---
+
+FILE_VALUES = {  # key -> the values a file may set it to, and what the config then holds
+    "optim.lr": st.floats(1e-7, 1.0),
+    "run.steps": st.integers(1, 10**6),
+    "data.global_batch": st.integers(1, 4096),
+    "checkpoint.keep": st.integers(1, 20),
+    "checkpoint.best_metric": st.sampled_from(["top1", "map", "eval_loss"]),
+    "model.remat": st.sampled_from(["none", "dots", "full"]),
+    "precision": st.sampled_from(["auto", "float32", "bfloat16", "fp8"]),
+    "mesh": st.sampled_from(["", "data=8", "fsdp=4,tensor=2"]),
+    "merch.num_skus": st.integers(2, 500),
+    "model.class_names": st.lists(st.text("abcxyz_", min_size=1, max_size=6), min_size=1, max_size=4),
+}
+
+
+def nested(values: dict) -> dict:
+    out: dict = {}
+    for key, value in values.items():
+        *sections, field = key.split(".")
+        node = out
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[field] = value
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.fixed_dictionaries({}, optional=FILE_VALUES), st.sampled_from([".yaml", ".json"]), st.booleans())
+def test_a_config_file_sets_every_key_it_holds(tmp_path, values, suffix, dotted):
+    data = values if dotted else nested(values)
+    path = tmp_path / f"given{suffix}"
+    path.write_text(json.dumps(data) if suffix == ".json" else yaml.safe_dump(data))
+    got = flat(make_config("merch-tiny", files=[path]).to_dict())
+    untouched = flat(make_config("merch-tiny").to_dict())
+    for key, value in got.items():
+        assert value == values.get(key, untouched[key]), key
+
+
+def test_later_files_win_over_earlier_ones_and_overrides_over_files(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.json"
+    first.write_text("optim:\n  lr: 0.004\nrun.steps: 7\nmodel.remat: full\n")
+    second.write_text('{"optim.lr": 0.006, "checkpoint": {"keep": 9}}')
+    config = make_config("mars-tiny", files=[first, second])
+    assert (config.optim.lr, config.run.steps, config.model.remat, config.checkpoint.keep) == (0.006, 7, "full", 9)
+    config = make_config("mars-tiny", files=[second, first])
+    assert (config.optim.lr, config.checkpoint.keep) == (0.004, 9)
+    config = make_config("mars-tiny", ["run.steps=11"], files=[first, second])
+    assert (config.optim.lr, config.run.steps) == (0.006, 11)
+    preset = make_config("mars-tiny")  # none of the files' values is the preset's
+    assert (preset.optim.lr, preset.run.steps, preset.model.remat, preset.checkpoint.keep) == (0.002, 600, "dots", 2)
