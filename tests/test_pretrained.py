@@ -18,8 +18,9 @@ from triskele.models import ViT, ViTConfig
 from triskele.models import vit as vit_module
 from triskele.models import weights as weights_module
 from triskele.train import make_config, train
+from triskele.train.backbone import vit_config
 from triskele.train.cli import main as train_main
-from triskele.train.pretrained import WeightFile, load_pretrained
+from triskele.train.pretrained import WeightFile, load_pretrained, resolve_norm_eps
 from triskele.train.safetensors import SafetensorsFile, write_safetensors
 from triskele.train.state import TrainState
 
@@ -112,13 +113,13 @@ def test_import_export_import_round_trip_is_bit_exact(tmp_path):
 
 
 # Hugging Face: random models built here (no download), compared with transformers itself.
-def random_hf_vit(classifier: bool, seed: int = 0):
-    """A random transformers ViT (norm scales near 1) and the function giving its last hidden
-    state for NCHW images."""
+def random_hf_vit(classifier: bool, seed: int = 0, embedding_scale: float = 1.0, **config_keys):
+    """A random transformers ViT (norm scales near 1; the embeddings' weights times
+    `embedding_scale`) and the function giving its last hidden state for NCHW images."""
     torch = pytest.importorskip("torch", reason="the Hugging Face parity tests need torch (pip install torch==2.13.0)")
     transformers = pytest.importorskip("transformers", reason="the Hugging Face parity tests need transformers")
     config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                                    image_size=32, patch_size=8, num_labels=5)
+                                    image_size=32, patch_size=8, num_labels=5, **config_keys)
     cls = transformers.ViTForImageClassification if classifier else transformers.ViTModel
     torch.manual_seed(seed)
     model = cls(config).eval()
@@ -126,6 +127,8 @@ def random_hf_vit(classifier: bool, seed: int = 0):
         for name, parameter in model.named_parameters():
             scale = 1.0 if "layernorm" in name and "weight" in name else 0.0  # norm scales near 1
             parameter.copy_(0.1 * torch.randn_like(parameter) + scale)
+            if "embeddings" in name:
+                parameter.mul_(embedding_scale)
     backbone = model.vit if classifier else model
 
     def reference(images):
@@ -157,6 +160,29 @@ def test_hugging_face_vit_matches_transformers(as_folder, classifier, size, tmp_
     tokens = imported(path, size, norm_eps=1e-12)(images)
     assert max_relative_difference(tokens, expected) < TOLERANCE
     assert max_relative_difference(tokens[:, 0], expected[:, 0]) < TOLERANCE  # the class-token output
+
+
+@pytest.mark.parametrize("stated_eps, embedding_scale", [(0.25, 1.0), (None, 1e-4)],
+                         ids=["config.json-states-0.25", "bare-file-1e-12-tiny-embeddings"])
+def test_a_run_from_a_hugging_face_file_builds_the_files_epsilon(stated_eps, embedding_scale, tmp_path):
+    """A run that sets no model.norm_eps builds its LayerNorms with the file's epsilon: the one its
+    config.json states, else Hugging Face's 1e-12. Both models here make the epsilon matter (a large
+    one; embeddings of variance ~1e-8 for 1e-12), so the tokens match transformers only with it: the
+    same weights built with timm's 1e-6 are off by more than 100x the tolerance (the control)."""
+    model, reference = random_hf_vit(False, embedding_scale=embedding_scale,
+                                     **({} if stated_eps is None else {"layer_norm_eps": stated_eps}))
+    model.save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" if stated_eps is not None else tmp_path / "hf" / "model.safetensors"
+    if stated_eps is None:
+        (tmp_path / "hf" / "config.json").unlink()
+    config = make_config(overrides={"model.init_from": str(path)})
+    resolve_norm_eps(config)
+    eps = vit_config(config).norm_eps
+    assert eps == (1e-12 if stated_eps is None else stated_eps)
+    images = np.random.default_rng(3).normal(size=(2, 3, 32, 32)).astype(np.float32)
+    expected = reference(images)
+    assert max_relative_difference(imported(path, 32, norm_eps=eps)(images), expected) < TOLERANCE
+    assert max_relative_difference(imported(path, 32, norm_eps=1e-6)(images), expected) > 100 * TOLERANCE
 
 
 MUTATIONS = {
