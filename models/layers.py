@@ -146,11 +146,14 @@ class Conv(nnx.Module):
         *,
         dtype: jnp.dtype,
         rngs: nnx.Rngs,
+        kernel_init: nnx.Initializer | None = None,
+        bias_init: nnx.Initializer = nnx.initializers.zeros,
     ):
         shape = (kernel_size, kernel_size, in_channels, out_channels)
-        init = nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal", in_axis=(0, 1, 2), out_axis=3)
+        init = kernel_init or nnx.initializers.variance_scaling(2.0, "fan_in", "truncated_normal", in_axis=(0, 1, 2),
+                                                                out_axis=3)
         self.kernel = nnx.Param(partitioned(init, None, None, *names)(rngs.params(), shape, jnp.float32))
-        bias_init = partitioned(nnx.initializers.zeros, names[1])
+        bias_init = partitioned(bias_init, names[1])
         self.bias = nnx.Param(bias_init(rngs.params(), (out_channels,), jnp.float32))
         self.dtype = dtype
 

@@ -1,0 +1,120 @@
+"""Class-agnostic dense detection as CenterNet (Zhou et al. 2019, "Objects as Points"), with static
+shapes throughout: boxes padded to a fixed maximum, targets computed on the device from the padded
+boxes, decoding by peak max-pool and top-k.
+
+A box (x1, y1, x2, y2) in input pixels is found at the output cell p = floor(centre / stride): the
+heatmap there is 1, around it an elliptical Gaussian whose spread follows the box's width and
+height (TTFNet, Liu et al. 2020: sigma = alpha * size / 6, so that the narrow facings of a dense
+shelf keep apart), the maximum over boxes where they overlap; the offset (centre / stride - p) and
+the log size (log of width and height in cells) are regressed at p only. Where two boxes share a
+centre cell the later one (the larger index) is the target, so targets are the same on any mesh.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+GAUSSIAN_ALPHA = 0.54
+"""TTFNet's spread: sigma = alpha * (box size in cells) / 6."""
+BOX_CHUNK = 256
+"""Boxes drawn into the heatmap per scan step: memory O(chunk x cells), not O(boxes x cells)."""
+PRIOR = 0.1
+"""The heatmap's initial probability everywhere (the head's bias is its logit, as CenterNet's -2.19)."""
+SIZE_WEIGHT, OFFSET_WEIGHT = 0.1, 1.0
+"""CenterNet's loss weights (its size loss regresses pixels with weight 0.1; ours regresses log sizes)."""
+
+
+def centre_cells(boxes: jax.Array, stride: int, grid: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
+    """(integer centre cell (N, 2) as (x, y), clipped into the grid; sub-cell offset (N, 2))."""
+    centre = jnp.stack([boxes[:, 0] + boxes[:, 2], boxes[:, 1] + boxes[:, 3]], axis=-1) / (2.0 * stride)
+    limit = jnp.asarray([grid[1] - 1, grid[0] - 1], jnp.int32)
+    cell = jnp.clip(jnp.floor(centre).astype(jnp.int32), 0, limit)
+    return cell, centre - cell
+
+
+def heatmap_target(boxes: jax.Array, valid: jax.Array, stride: int, grid: tuple[int, int]) -> jax.Array:
+    """(H, W) float32: each valid box's Gaussian around its centre cell, 1 there, the max over boxes."""
+    cell, _ = centre_cells(boxes, stride, grid)
+    size = jnp.maximum(jnp.stack([boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]], -1) / stride, 1e-3)
+    sigma = GAUSSIAN_ALPHA * size / 6.0
+    n = boxes.shape[0]
+    pad = (-n) % BOX_CHUNK
+    parts = [jnp.pad(a, ((0, pad), (0, 0))) for a in (cell.astype(jnp.float32), sigma)]
+    parts.append(jnp.pad(valid.astype(jnp.float32), (0, pad)))
+    chunks = [a.reshape(-1, BOX_CHUNK, *a.shape[1:]) for a in parts]
+    ys = jnp.arange(grid[0], dtype=jnp.float32)
+    xs = jnp.arange(grid[1], dtype=jnp.float32)
+
+    def draw(heat, chunk):
+        c, s, v = chunk
+        gx = jnp.exp(-jnp.square(xs[None, :] - c[:, :1]) / (2 * jnp.square(s[:, :1])))  # (chunk, W)
+        gy = jnp.exp(-jnp.square(ys[None, :] - c[:, 1:]) / (2 * jnp.square(s[:, 1:])))  # (chunk, H)
+        g = gy[:, :, None] * gx[:, None, :] * v[:, None, None]
+        return jnp.maximum(heat, g.max(axis=0)), None
+
+    heat, _ = jax.lax.scan(draw, jnp.zeros(grid, jnp.float32), tuple(chunks))
+    return heat
+
+
+def regression_targets(boxes: jax.Array, valid: jax.Array, stride: int,
+                       grid: tuple[int, int]) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(centre mask (H, W), offset (H, W, 2), log size (H, W, 2)): set at each valid box's centre
+    cell, where two share one the box of the larger index; zero elsewhere."""
+    cell, offset = centre_cells(boxes, stride, grid)
+    cells = grid[0] * grid[1]
+    index = jnp.where(valid > 0, cell[:, 1] * grid[1] + cell[:, 0], cells)  # padded boxes: past the end
+    order = jnp.arange(boxes.shape[0])
+    winner = jax.ops.segment_max(jnp.where(valid > 0, order, -1), index, num_segments=cells + 1)
+    index = jnp.where((valid > 0) & (winner[index] == order), index, cells)
+    log_size = jnp.log(jnp.maximum(jnp.stack([boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]], -1)
+                                   / stride, 1e-3))
+
+    def place(values):
+        flat = jnp.zeros((cells, *values.shape[1:]), jnp.float32).at[index].set(values, mode="drop")
+        return flat.reshape(*grid, *values.shape[1:])
+
+    return place(jnp.ones(boxes.shape[0])), place(offset), place(log_size)
+
+
+def targets(boxes: jax.Array, valid: jax.Array, stride: int, grid: tuple[int, int]) -> dict[str, jax.Array]:
+    """A batch's targets: boxes (B, N, 4) in input pixels, valid (B, N) 1 for a box and 0 for padding."""
+    def one(b, v):
+        centre, offset, log_size = regression_targets(b, v, stride, grid)
+        return {"heatmap": heatmap_target(b, v, stride, grid), "centre": centre, "offset": offset,
+                "log_size": log_size}
+
+    return jax.vmap(one)(boxes.astype(jnp.float32), valid.astype(jnp.float32))
+
+
+def focal_loss(logits: jax.Array, heatmap: jax.Array, centre: jax.Array) -> jax.Array:
+    """CenterNet's penalty-reduced focal loss (alpha 2, beta 4), summed over cells: (B,) per image."""
+    p = jax.nn.sigmoid(logits)
+    log_p, log_not_p = jax.nn.log_sigmoid(logits), jax.nn.log_sigmoid(-logits)
+    positive = centre * jnp.square(1 - p) * log_p
+    negative = (1 - centre) * jnp.power(1 - heatmap, 4) * jnp.square(p) * log_not_p
+    return -jnp.sum(positive + negative, axis=(1, 2))
+
+
+def detection_loss(outputs: dict[str, jax.Array], target: dict[str, jax.Array]) -> jax.Array:
+    """Per image (B,): focal heatmap loss + weighted L1 of offset and log size at the centres."""
+    centre = target["centre"][..., None]
+    l1 = lambda key: jnp.sum(jnp.abs(outputs[key] - target[key]) * centre, axis=(1, 2, 3))
+    return (focal_loss(outputs["heatmap"], target["heatmap"], target["centre"])
+            + SIZE_WEIGHT * l1("log_size") + OFFSET_WEIGHT * l1("offset"))
+
+
+def decode(outputs: dict[str, jax.Array], stride: int, k: int) -> tuple[jax.Array, jax.Array]:
+    """(boxes (B, k, 4) in input pixels, scores (B, k), best first): the k highest heatmap peaks (a
+    cell no lower than its 3x3 neighbours), each with its offset and size. No NMS: a peak is local."""
+    heat = jax.nn.sigmoid(outputs["heatmap"].astype(jnp.float32))
+    b, h, w = heat.shape
+    pooled = jax.lax.reduce_window(heat, -jnp.inf, jax.lax.max, (1, 3, 3), (1, 1, 1), "SAME")
+    peaks = jnp.where(heat >= pooled, heat, 0.0).reshape(b, h * w)
+    scores, index = jax.lax.top_k(peaks, min(k, h * w))
+    take = lambda a: jnp.take_along_axis(a.reshape(b, h * w, 2), index[..., None], axis=1)
+    offset, size = take(outputs["offset"].astype(jnp.float32)), jnp.exp(take(outputs["log_size"].astype(jnp.float32)))
+    cell = jnp.stack([index % w, index // w], axis=-1).astype(jnp.float32)
+    centre = (cell + offset) * stride
+    half = size * stride / 2
+    return jnp.concatenate([centre - half, centre + half], axis=-1), scores
