@@ -1,0 +1,62 @@
+"""Facing detection scored as SKU-110K scores it: COCO's AP (IoU 0.50:0.95), AP50, AP75 and AR at
+300 detections per image, computed by pycocotools (the maintained COCO evaluator, not a copy of
+it), and the count error per photo at the score threshold."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Sequence
+
+import numpy as np
+
+MAX_DETECTIONS = 300
+"""SKU-110K's detections per image for AP and AR (Goldman et al. 2019)."""
+NAMES = ("ap", "ap50", "ap75", "ar300", "count_mae", "count_error")
+
+
+def _xywh(boxes: np.ndarray) -> np.ndarray:
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
+
+
+def coco_scores(truth: Sequence[np.ndarray], boxes: Sequence[np.ndarray], scores: Sequence[np.ndarray],
+                max_detections: int = MAX_DETECTIONS) -> dict[str, float]:
+    """AP, AP50, AP75, AR@max_detections of class-agnostic detections: per image, the true boxes
+    (N, 4) and the detected boxes (K, 4) with their scores (K,), all x1, y1, x2, y2 in pixels."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    images = [{"id": i + 1} for i in range(len(truth))]
+    annotations = [{"image_id": i + 1, "category_id": 1, "bbox": box, "area": box[2] * box[3], "iscrowd": 0}
+                   for i, t in enumerate(truth) for box in _xywh(t).tolist()]
+    for k, annotation in enumerate(annotations):
+        annotation["id"] = k + 1
+    gt = COCO()
+    gt.dataset = {"images": images, "annotations": annotations, "categories": [{"id": 1, "name": "facing"}]}
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+    rows = [[i + 1, *box, score, 1] for i, (b, s) in enumerate(zip(boxes, scores, strict=True))
+            for box, score in zip(_xywh(b).tolist(), np.asarray(s, np.float64).tolist(), strict=True)]
+    if not rows or not annotations:
+        return {"ap": 0.0, "ap50": 0.0, "ap75": 0.0, f"ar{max_detections}": 0.0}
+    with contextlib.redirect_stdout(io.StringIO()):
+        detections = gt.loadRes(np.asarray(rows, np.float64))
+        evaluation = COCOeval(gt, detections, "bbox")
+        evaluation.params.maxDets = [1, 100, max_detections]
+        evaluation.params.areaRng = [[0, 1e10]] * 4  # facings are small: no COCO size classes
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    stats = evaluation.stats
+    return {"ap": float(stats[0]), "ap50": float(stats[1]), "ap75": float(stats[2]),
+            f"ar{max_detections}": float(stats[8])}
+
+
+def count_errors(truth: Sequence[np.ndarray], scores: Sequence[np.ndarray], threshold: float) -> dict[str, float]:
+    """count_mae: mean |facings found - facings there| per photo; count_error: that as a share of
+    the facings there (summed over photos)."""
+    there = np.array([len(t) for t in truth], np.float64)
+    found = np.array([int(np.sum(np.asarray(s) >= threshold)) for s in scores], np.float64)
+    return {"count_mae": float(np.mean(np.abs(found - there))),
+            "count_error": float(np.sum(np.abs(found - there)) / max(np.sum(there), 1))}
