@@ -145,7 +145,7 @@ def test_unknown_domain_options_and_presets_are_refused(brightness_domain):
 
 # --- the built-in domains ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("preset", ["mars-tiny", "merch-tiny", "deepfake-tiny"])
+@pytest.mark.parametrize("preset", ["mars-tiny", "merch-tiny", "merch-shelf-tiny", "deepfake-tiny"])
 def test_built_in_models_keep_the_contract(preset):
     config = make_config(preset, {"model.image_size": 16})
     domain = get_domain(config.domain)

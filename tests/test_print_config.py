@@ -66,7 +66,8 @@ def test_every_preset_round_trips(preset, capsys, tmp_path, monkeypatch):
         assert written["mars"]["scale"] == 1.0
         assert written["mars"]["frame_size"] == round(model["image_size"] * 1.5)
     elif domain == "merch":
-        assert model["class_names"] == [f"sku{i}" for i in range(100)] + ["empty"]
+        shelf = written["merch"]["task"] == "shelf"
+        assert model["class_names"] == (["facing"] if shelf else [f"sku{i}" for i in range(100)] + ["empty"])
     else:
         assert model["class_names"] == ["real", "fake"]
 

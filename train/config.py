@@ -230,13 +230,19 @@ _SIZES: dict[str, dict[str, Any]] = {
 
 
 class _Presets(Mapping[str, dict[str, Any]]):
-    """`<domain>-<size>` for every registered domain and size: the domain's spec's preset, then the size's."""
+    """`<domain>-<size>` for every registered domain and size: the domain's spec's preset, then the
+    size's; and `<domain>-<variant>-<size>` for each of its variants, the variant's values last."""
 
     def _all(self) -> dict[str, dict[str, Any]]:
         from triskele.train.domains import domains
 
-        return {f"{name}-{size}": {"domain": name, **domain.preset, **values}
-                for name, domain in domains().items() for size, values in _SIZES.items()}
+        presets = {}
+        for name, domain in domains().items():
+            for variant, values_for in {"": lambda size: {}, **domain.variants}.items():
+                for size, values in _SIZES.items():
+                    presets[f"{name}-{variant + '-' if variant else ''}{size}"] = {
+                        "domain": name, **domain.preset, **values, **values_for(size)}
+        return presets
 
     def __getitem__(self, name: str) -> dict[str, Any]:
         return self._all()[name]

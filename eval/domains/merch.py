@@ -366,6 +366,11 @@ def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | No
     """`workdir`: the run's folder, where the gallery index is kept (merch has no predict flags);
     an exported model alone reads the index it carries. `meta` with the model's `identity` refuses
     an index built by another model; `meta['limits']`: the input limits (default `InputLimits()`)."""
+    if meta.get("options", {}).get("task") == "shelf":
+        raise ValueError("this run is a facing detector (merch.task=shelf): predicting shelf photos with it "
+                         "(detection, recognition against the gallery, alignment to the planogram) is not built "
+                         "yet; evaluate it with python -m triskele.eval --workdir W, or predict crops and "
+                         "gridded shelves with a merch-tiny run")
     return MerchIO(meta, workdir, meta.get("limits"))
 
 

@@ -81,6 +81,9 @@ class Domain:
     """`python -m triskele.train prepare <domain>`: raw data into the layout the domain reads."""
     eval_commands: tuple[str, ...] = ()
     """The names of its inference module's `COMMANDS`: the command line lists them without importing it."""
+    variants: Mapping[str, Callable[[str], Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+    """Further presets `<name>-<variant>-<size>`: variant -> (size name -> config values applied
+    after the size's), for a second job of the domain (merch's `shelf`: the facing detector)."""
 
     def __getattribute__(self, name: str) -> Any:
         value = object.__getattribute__(self, name)

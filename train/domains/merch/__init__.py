@@ -9,20 +9,59 @@ from triskele.train.domains import Domain, Later, class_names, register
 
 if TYPE_CHECKING:
     from flax import nnx
-    from triskele.models.merch import SkuRecognizer
+    from triskele.models.merch import FacingDetector, SkuRecognizer
     from triskele.train.data.pipeline import Source
+
+
+TASKS = ("recognition", "shelf")
 
 
 @dataclasses.dataclass
 class MerchOptions:
     num_skus: int = 100
     """Synthetic data: SKUs in the training catalogue."""
+    task: str = "recognition"
+    """What the run's model does: `recognition` (the SKU recogniser of product crops) or `shelf`
+    (the dense facing detector of shelf photos; the merch-shelf-* presets)."""
+    max_boxes: int = 1024
+    """shelf: the facings a detector record holds, padded (a photo with more is an error)."""
+    max_detections: int = 1000
+    """shelf: the heatmap peaks the detector decodes per image."""
+    score_threshold: float = 0.3
+    """shelf: the peak score from which a detection counts as a facing (count error, predict)."""
+    min_facings: int = 40
+    """shelf, synthetic data: the facings a photo holds at least (products shrink to fit them)."""
+
+
+def _check_task(config) -> str:
+    task = config.merch.task
+    if task not in TASKS:
+        raise ValueError(f"merch.task={task!r} is not one of {', '.join(TASKS)}")
+    return task
+
+
+def shelf_preset(size: str) -> dict:
+    """merch-shelf-<size>: the facing detector on synthetic shelf photos, selected on AP."""
+    if size == "tiny":
+        return {"merch.task": "shelf", "model.image_size": 128, "checkpoint.best_metric": "ap",
+                "data.train_size": 4000, "data.eval_size": 64, "data.global_batch": 16, "run.steps": 1500}
+    return {"merch.task": "shelf", "model.image_size": 512, "checkpoint.best_metric": "ap",
+            "data.eval_size": 1000}
 
 
 def open_split(config, split: str) -> Source:
     import jax
     from triskele.train.domains.merch.data import ProductImages, SyntheticRetail
 
+    if _check_task(config) == "shelf":
+        from triskele.train.domains.merch.shelf_photos import ShelfPhotos
+
+        if config.data.path:
+            raise ValueError("merch.task=shelf reads synthetic shelf photos only so far (data.path must be "
+                             "empty); SKU-110K and COCO layouts on disk are not read yet")
+        size = config.data.train_size if split == "train" else config.data.eval_size
+        return ShelfPhotos(split, size, config.model.image_size, seed=config.run.seed, skus=config.merch.num_skus,
+                           max_boxes=config.merch.max_boxes, min_facings=config.merch.min_facings)
     if config.data.path:
         files = ProductImages(config.data.path, split, config.model.image_size, classes=class_names(config),
                               val_fraction=config.data.val_fraction, limits=config.limits)
@@ -35,7 +74,10 @@ def open_split(config, split: str) -> Source:
 
 
 def read_class_names(config) -> list[str]:
-    """The training split's class folders on disk, or `sku<i>` and `empty` (synthetic)."""
+    """The training split's class folders on disk, or `sku<i>` and `empty` (synthetic); the
+    detector's one class, `facing`."""
+    if _check_task(config) == "shelf":
+        return ["facing"]
     if config.data.path:
         from triskele.train.domains.merch.data import training_classes
 
@@ -43,10 +85,14 @@ def read_class_names(config) -> list[str]:
     return [f"sku{i}" for i in range(config.merch.num_skus)] + ["empty"]
 
 
-def build_model(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer:
-    from triskele.models.merch import SkuRecognizer
+def build_model(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer | FacingDetector:
+    from triskele.models.merch import FacingDetector, SkuRecognizer
     from triskele.train.backbone import vit_config
 
+    if _check_task(config) == "shelf":
+        m = config.merch
+        return FacingDetector(vit_config(config, stages), max_boxes=m.max_boxes, max_detections=m.max_detections,
+                              rngs=rngs)
     return SkuRecognizer(vit_config(config, stages), len(class_names(config)), rngs=rngs)
 
 
@@ -56,7 +102,8 @@ MERCH = register(Domain(
     preset={"model.channels": 3, "data.train_size": 20000, "data.eval_size": 1200, "run.steps": 1200,
             "run.eval_every": 600},
     build_model=build_model, open_split=open_split, class_names=read_class_names,
-    evaluator=Later("triskele.train.domains.merch.evaluator", "MerchEvaluator"),
-    metric_names=Later("triskele.train.domains.merch.metrics", "NAMES"),
+    evaluator=Later("triskele.train.domains.merch.evaluator", "merch_evaluator"),
+    metric_names=Later("triskele.train.domains.merch.evaluator", "METRIC_NAMES"),
     inference="triskele.eval.domains.merch", eval_commands=("gallery",),
+    resume_options=("score_threshold",), variants={"shelf": shelf_preset},
 ))

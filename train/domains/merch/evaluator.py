@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 from triskele.train.bookkeeping.plots import save_figure
 from triskele.train.data.pipeline import Source
-from triskele.train.domains.merch.metrics import at_k, facings, metrics, violations
-from triskele.train.evaluation import BatchEvaluator
+from triskele.train.domains.merch import detection_metrics
+from triskele.train.domains.merch.metrics import NAMES, at_k, facings, metrics, violations
+from triskele.train.evaluation import BatchEvaluator, Evaluator
 
 K = 5
 """Ranks the recognition picture shows: the 5 a closed-set record keeps."""
@@ -88,3 +89,28 @@ class MerchEvaluator(BatchEvaluator):
             save_figure(planogram_figure(table), out_dir / "planogram.png")
             written.append("planogram.png")
         return written
+
+
+class ShelfEvaluator(BatchEvaluator):
+    """The facing detector over shelf photos: COCO's AP, AP50, AP75, AR@300 and the count error at
+    `merch.score_threshold`, from each photo's decoded detections and its true boxes."""
+
+    def __init__(self, parts: Any, for_report: bool = False):
+        super().__init__(parts, self._metrics)
+
+    def _metrics(self, totals: dict[str, Any]) -> dict[str, float]:
+        truth = [boxes[valid > 0] for boxes, valid in zip(totals["true_boxes"], totals["box_valid"], strict=True)]
+        boxes, scores = list(totals["boxes"]), list(totals["scores"])
+        threshold = self.parts.config.merch.score_threshold
+        return {**detection_metrics.coco_scores(truth, boxes, scores),
+                **detection_metrics.count_errors(truth, scores, threshold)}
+
+
+def merch_evaluator(parts: Any, for_report: bool = False) -> Evaluator:
+    """The recogniser's evaluator, or the detector's for a `merch.task=shelf` run."""
+    cls = ShelfEvaluator if parts.config.merch.task == "shelf" else MerchEvaluator
+    return cls(parts, for_report)
+
+
+METRIC_NAMES = NAMES + detection_metrics.NAMES
+"""What `checkpoint.best_metric` may name in a merch run: the recogniser's and the detector's."""
