@@ -147,7 +147,8 @@ def render_shelf_photo(seed: int, split_id: int, index: int, size: tuple[int, in
         extras = {v["planned"] for v in found if v["kind"] == "extra"}
         x = start
         for i, sku in enumerate(actual):
-            columns = [(int(rng.integers(skus)), -1), (sku, i)] if i in extras else [(sku, i)]
+            # An extra: one more facing of a SKU the shelf plans, pushed in before facing i.
+            columns = [(plan[int(rng.integers(len(plan)))], -1), (sku, i)] if i in extras else [(sku, i)]
             for column_sku, slot in columns:
                 planned_sku = plan[i] if column_sku is None else column_sku
                 w = package_aspect(seed, planned_sku) * product_h

@@ -1,0 +1,171 @@
+"""A shelf photo's recognised facings against its planogram (issue 30 item 4): boxes grouped into
+shelf rows, stacks merged into one facing column, each row aligned to its planned shelf by
+Needleman-Wunsch (semi-global where the photo shows part of the bay), the statuses and the score.
+
+Statuses: `ok` (the planned SKU), `misplaced` (a SKU the plan has elsewhere), `foreign` (one the
+plan does not have, or none recognised), `missing` (a planned facing with nothing in its place),
+`out_of_stock` (a planned facing where the shelf shows a gap at least `OUT_OF_STOCK_WIDTH` of the
+expected facing width), `extra` (a facing the plan has no place for). Score = facings in place
+(`ok`) / facings planned.
+
+Yucel & Unsalan (2024) align detections to the plan with a modified Needleman-Wunsch the same way;
+Tonioni & Di Stefano (2019) judge compliance as detection + recognition + the plan's geometry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+STATUSES = ("ok", "misplaced", "foreign", "missing", "out_of_stock", "extra")
+OUT_OF_STOCK_WIDTH = 0.6
+"""A space between facings is an empty facing from this share of the expected facing width."""
+MATCH, MISMATCH, GAP_FOR_PLANNED, SKIP = 2.0, -1.0, 1.0, -2.5
+"""Alignment scores: the planned SKU found; another SKU in its place; a shelf gap where a facing
+was planned (its place is kept); a planned facing or a found one left unpaired. Two skips and a
+match (-3) cost more than two mismatches (-2), so two swapped neighbours read as misplaced, not as
+a missing facing and an extra one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One facing column of a row: its x extent, its SKU (None: unrecognised; "" a shelf gap)."""
+    x1: float
+    x2: float
+    sku: str | None
+    boxes: tuple[int, ...] = ()
+
+
+def group_rows(boxes: np.ndarray) -> list[list[int]]:
+    """Box indices by shelf row, top to bottom, each row left to right: centres sorted by height,
+    a new row where the next centre is more than half the median box height below the last."""
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    if len(boxes) == 0:
+        return []
+    cy = (boxes[:, 1] + boxes[:, 3]) / 2
+    step = 0.5 * np.median(boxes[:, 3] - boxes[:, 1])
+    order = np.argsort(cy, kind="stable")
+    rows, current = [], [int(order[0])]
+    for a, b in zip(order[:-1], order[1:], strict=True):
+        if cy[b] - cy[a] > step:
+            rows.append(current)
+            current = []
+        current.append(int(b))
+    rows.append(current)
+    return [sorted(row, key=lambda i: boxes[i, 0]) for row in rows]
+
+
+def columns_of(row: Sequence[int], boxes: np.ndarray, skus: Sequence[str | None]) -> list[Column]:
+    """A row's boxes as facing columns (a stack, boxes overlapping in x by over half the narrower,
+    is one column with its lowest box's SKU), then the shelf gaps between columns as columns of
+    SKU "" (a space of at least OUT_OF_STOCK_WIDTH x the expected facing width: the narrower of
+    its two neighbours, since a gap most often opens inside a run of one SKU)."""
+    columns: list[Column] = []
+    for i in row:
+        x1, x2 = float(boxes[i, 0]), float(boxes[i, 2])
+        if columns:
+            last = columns[-1]
+            overlap = min(last.x2, x2) - max(last.x1, x1)
+            if overlap > 0.5 * min(last.x2 - last.x1, x2 - x1):
+                lowest = i if boxes[i, 3] > max(boxes[j, 3] for j in last.boxes) else last.boxes[0]
+                columns[-1] = Column(min(last.x1, x1), max(last.x2, x2), skus[lowest], (lowest, *[
+                    j for j in (*last.boxes, i) if j != lowest]))
+                continue
+        columns.append(Column(x1, x2, skus[i], (i,)))
+    if not columns:
+        return []
+    out = [columns[0]]
+    for column in columns[1:]:
+        start = out[-1].x2
+        space = column.x1 - start
+        width = min(out[-1].x2 - out[-1].x1, column.x2 - column.x1)
+        gaps = max(0, int(space / width + 1 - OUT_OF_STOCK_WIDTH))  # 0.6 w -> 1, 1.6 w -> 2, ...
+        out += [Column(start + k * space / gaps, start + (k + 1) * space / gaps, "") for k in range(gaps)]
+        out.append(column)
+    return out
+
+
+def align(found: Sequence[str | None], planned: Sequence[str | None], partial: bool = False,
+          score: Callable[[str | None, str | None], float] | None = None) -> list[tuple[int | None, int | None]]:
+    """Needleman-Wunsch of a row's found SKUs ("" a gap, None unrecognised) against its plan (None
+    planned empty): pairs (found index, planned index), None for an unpaired side, left to right.
+    `partial`: the photo shows part of the bay, so planned facings before the first and after the
+    last found one cost nothing (semi-global). `score(found, planned)`: a pair's score, by default
+    MATCH for the planned SKU, GAP_FOR_PLANNED for a gap, MISMATCH otherwise."""
+    score = score or _default_score
+    n, m = len(found), len(planned)
+    table = np.zeros((n + 1, m + 1))
+    table[1:, 0] = SKIP * np.arange(1, n + 1)
+    table[0, 1:] = 0.0 if partial else SKIP * np.arange(1, m + 1)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            table[i, j] = max(table[i - 1, j - 1] + score(found[i - 1], planned[j - 1]),
+                              table[i - 1, j] + SKIP, table[i, j - 1] + SKIP)
+    j = int(np.argmax(table[n])) if partial else m  # trailing planned facings free when partial
+    pairs: list[tuple[int | None, int | None]] = [(None, k) for k in range(m - 1, j - 1, -1)]
+    i = n
+    while i > 0 or j > 0:
+        if i > 0 and j > 0 and np.isclose(table[i, j], table[i - 1, j - 1] + score(found[i - 1], planned[j - 1])):
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif i > 0 and (j == 0 or np.isclose(table[i, j], table[i - 1, j] + SKIP)):
+            pairs.append((i - 1, None))
+            i -= 1
+        else:
+            pairs.append((None, j - 1))
+            j -= 1
+    return pairs[::-1]
+
+
+def _default_score(found: str | None, planned: str | None) -> float:
+    if planned is None:
+        return MATCH if found == "" else MISMATCH
+    if found == "":
+        return GAP_FOR_PLANNED
+    return MATCH if found == planned else MISMATCH
+
+
+def row_statuses(found: Sequence[str | None], planned: Sequence[str | None], plan_skus: set[str],
+                 partial: bool = False) -> tuple[list[str | None], list[str | None]]:
+    """(a status per found column, a status per planned facing) of one aligned row. None: a shelf
+    gap where nothing was planned, a planned empty, and (`partial`) a planned facing outside the
+    part of the bay the photo shows (before the first or after the last facing paired)."""
+    on_found: list[str | None] = [None] * len(found)
+    on_plan: list[str | None] = [None] * len(planned)
+    pairs = align(found, planned, partial)
+    paired = [j for i, j in pairs if i is not None and j is not None]
+    shown = range(min(paired), max(paired) + 1) if partial and paired else range(len(planned))
+    unplanned = lambda sku: None if sku == "" else ("extra" if sku in plan_skus else "foreign")
+    for i, j in pairs:
+        if i is None:
+            on_plan[j] = "missing" if planned[j] is not None and j in shown else None
+        elif j is None or planned[j] is None:
+            on_found[i] = unplanned(found[i])
+        else:
+            sku = found[i]
+            status = ("out_of_stock" if sku == "" else "ok" if sku == planned[j]
+                      else "misplaced" if sku in plan_skus else "foreign")
+            on_found[i] = on_plan[j] = status
+    return on_found, on_plan
+
+
+def compliance(found_rows: Sequence[Sequence[str | None]], shelves: Sequence[Sequence[str | None]],
+               partial: bool = False) -> dict:
+    """The whole photo: rows (top to bottom, found SKUs left to right) against the planned shelves,
+    row r to shelf r (rows past the plan: every facing unplanned). Counts per status (a paired
+    status counted once), the planned facings in view, the score, and each row's statuses."""
+    plan_skus = {s for shelf in shelves for s in shelf if s is not None}
+    counts = dict.fromkeys(STATUSES, 0)
+    rows, planned_facings = [], 0
+    for r in range(max(len(shelves), len(found_rows))):
+        found = found_rows[r] if r < len(found_rows) else []
+        on_found, on_plan = row_statuses(found, shelves[r] if r < len(shelves) else [], plan_skus, partial)
+        for status in on_found + [s for s in on_plan if s == "missing"]:
+            if status is not None:
+                counts[status] += 1
+        planned_facings += sum(s is not None for s in on_plan)
+        rows.append({"found": on_found, "planned": on_plan})
+    return {"counts": counts, "planned": planned_facings, "score": counts["ok"] / max(planned_facings, 1),
+            "rows": rows}
