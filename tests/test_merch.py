@@ -161,6 +161,29 @@ def test_grocery_store_layout_and_bad_inputs(tmp_path):
         read_planogram(tmp_path / "plan.json")
 
 
+def test_a_planogram_of_shelves_without_a_grid(tmp_path):
+    """Shelves of any length, top to bottom (issue 30 item 6); malformed ones named; the gridded
+    form's facing cells refuse it, naming what reads it."""
+    from triskele.train.domains.merch.data import facing_boxes
+
+    path = tmp_path / "bay.json"
+    path.write_text('{"shelves": [["cola", "cola", null, 7], ["milk"]]}')
+    plan = read_planogram(path)
+    assert plan == {"shelves": [["cola", "cola", EMPTY, "7"], ["milk"]]}
+    with pytest.raises(ValueError, match="'shelves' without a grid: finding their facings needs the facing detector"):
+        facing_boxes(plan, 100, 100)
+    for bad, message in [('{"shelves": []}', "'shelves' must be a non-empty list"),
+                         ('{"shelves": [["a"], []]}', "'shelves' must be a non-empty list"),
+                         ('{"shelves": [["a", 1.5]]}', "a SKU must be a string, an integer or null"),
+                         ('{"shelf": [["a"]]}', "it must be a JSON object with 'rows' .* or with 'shelves'")]:
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=f"planogram .*bay.json is not valid: {message}"):
+            read_planogram(path)
+    path.write_text(json.dumps({"shelves": [["a"] * 600, ["b"] * 600]}))
+    with pytest.raises(ValueError, match="planogram_facings"):
+        read_planogram(path)
+
+
 # --- trained model: mesh invariance, eval, predict ---------------------------------------------
 
 SHOP = {"data.train_size": 512, "data.eval_size": 300, "merch.num_skus": 20}

@@ -14,6 +14,7 @@ import functools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -314,24 +315,27 @@ class ProductImages:
 
 
 def read_planogram(path: Path, limits: InputLimits | None = None) -> dict:
-    """Planogram JSON: {"rows": [[sku or null, ...], ...], "grid": {"left", "top", "width", "height"}}
-    (a SKU: a string or an integer; grid: the pixel box that the facings tile, rows x columns of
-    equal cells; default the whole image). ValueError naming the file for one that is not, or is
-    over `limits.planogram_bytes` (checked before it is read) or `limits.planogram_facings`."""
+    """Planogram JSON, one of two forms (a SKU: a string or an integer; null: a gap):
+    - gridded: {"rows": [[sku or null, ...], ...], "grid": {"left", "top", "width", "height"}}, the
+      pixel box the facings tile in rows x columns of equal cells (default the whole image);
+    - shelves: {"shelves": [[sku or null, ...], ...]}, each shelf top to bottom, its facings left to
+      right, any number each (a real bay, for the facing detector to find).
+    ValueError naming the file for one that is not, or is over `limits.planogram_bytes` (checked
+    before it is read) or `limits.planogram_facings`."""
     limits = limits or InputLimits()
     try:
         limits.check("planogram_bytes", Path(path).stat().st_size, "the file is")
         data = json.loads(Path(path).read_bytes())
+        if isinstance(data, dict) and "shelves" in data and "rows" not in data:
+            return {"shelves": _shelves(data["shelves"], limits)}
         if not isinstance(data, dict) or "rows" not in data:
-            raise ValueError("it must be a JSON object with 'rows' (and optionally 'grid')")
+            raise ValueError("it must be a JSON object with 'rows' (and optionally 'grid'), or with 'shelves'")
         rows, grid = data["rows"], data.get("grid")
         if not isinstance(rows, list) or not all(isinstance(r, list) and r for r in rows) or \
                 len({len(r) for r in rows}) != 1:
             raise ValueError("'rows' must be a non-empty list of equally long, non-empty lists")
         limits.check("planogram_facings", len(rows) * len(rows[0]), f"{len(rows)} x {len(rows[0])} =")
-        odd = [v for row in rows for v in row if not (v is None or isinstance(v, str) or _is_integer(v))]
-        if odd:
-            raise ValueError(f"a SKU must be a string, an integer or null (a gap), not {json.dumps(odd[0])[:80]}")
+        _check_skus([v for row in rows for v in row])
         if grid is not None and not (isinstance(grid, dict) and _is_box(grid)):
             raise ValueError("'grid' must be {\"left\", \"top\", \"width\", \"height\"} in pixels (finite "
                              "numbers), width and height positive")
@@ -339,6 +343,20 @@ def read_planogram(path: Path, limits: InputLimits | None = None) -> dict:
         why = "its JSON is nested too deeply" if isinstance(err, RecursionError) else err
         raise ValueError(f"planogram {path} is not valid: {why}") from None
     return {"rows": [[EMPTY if v is None else str(v) for v in row] for row in rows], "grid": grid}
+
+
+def _shelves(shelves: Any, limits: InputLimits) -> list[list[str | int]]:
+    if not isinstance(shelves, list) or not shelves or not all(isinstance(s, list) and s for s in shelves):
+        raise ValueError("'shelves' must be a non-empty list of non-empty lists of SKUs (null: planned empty)")
+    limits.check("planogram_facings", sum(map(len, shelves)), "its shelves hold")
+    _check_skus([v for shelf in shelves for v in shelf])
+    return [[EMPTY if v is None else str(v) for v in shelf] for shelf in shelves]
+
+
+def _check_skus(values: list) -> None:
+    odd = [v for v in values if not (v is None or isinstance(v, str) or _is_integer(v))]
+    if odd:
+        raise ValueError(f"a SKU must be a string, an integer or null (a gap), not {json.dumps(odd[0])[:80]}")
 
 
 def _is_integer(value) -> bool:
@@ -352,7 +370,12 @@ def _is_box(grid: dict) -> bool:
 
 def facing_boxes(planogram: dict, width: int, height: int) -> list[tuple[int, int, int, int]]:
     """Each facing's pixel box (left, top, right, bottom) in a width x height shelf image, row-major;
-    ValueError when the planogram's grid reaches outside the image or makes a facing under a pixel."""
+    ValueError when the planogram's grid reaches outside the image or makes a facing under a pixel,
+    or when it has no grid (its facings are for a detector to find)."""
+    if "shelves" in planogram:
+        raise ValueError("its planogram lists 'shelves' without a grid: finding their facings needs the facing "
+                         "detector (a merch-shelf run), which predict does not run yet; give the planogram "
+                         "as 'rows' with a 'grid' for a merch-tiny run")
     grid = planogram["grid"] or {"left": 0, "top": 0, "width": width, "height": height}
     rows, cols = len(planogram["rows"]), len(planogram["rows"][0])
     if min(grid["left"], grid["top"]) < 0 or grid["left"] + grid["width"] > width or \
