@@ -1,4 +1,5 @@
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -110,10 +111,14 @@ def test_checkpoints_move_between_pipeline_and_data_meshes(first, second, tmp_pa
 
 
 def stack_gathers(hlo: str, depth: int) -> list[Collective]:
-    """The all-gathers of a compiled program whose result is a float32 array with `depth` (the
-    layer stack's length) among its two leading dimensions: a gathered layer stack."""
+    """The all-gathers of a compiled program whose result is a float32 layer stack: `depth` (the
+    stack's length) among its two leading dimensions, or its first three dimensions the schedule's
+    (repeats, stages, layers per stage) view of the stack, multiplying to `depth`."""
+    def is_stack(dims: tuple[int, ...]) -> bool:
+        return depth in dims[:2] or (len(dims) > 3 and dims[1] > 1 and math.prod(dims[:3]) == depth)
+
     return [c for c in collectives(hlo) if c.kind == "all-gather"
-            and any(dtype == "f32" and depth in dims[:2] for dtype, dims in c.shapes)]
+            and any(dtype == "f32" and is_stack(dims) for dtype, dims in c.shapes)]
 
 
 def test_pipelined_step_permutes_activations_and_never_gathers_the_layer_stack(devices):
@@ -132,9 +137,14 @@ def test_pipelined_step_permutes_activations_and_never_gathers_the_layer_stack(d
     assert kernel.sharding.spec[0] == "pipeline" and kernel.addressable_shards[0].data.shape[0] == 4
     depth = kernel.shape[0]
     assert not stack_gathers(hlo, depth), "the layer stack is gathered"
-    # Positive control: a program built to gather the stack (the kernel, sharded over pipeline, made whole).
+    # Positive controls: programs built to gather the stack (the kernel, sharded over pipeline, made
+    # whole), as it is stored and in the schedule's (repeats, stages, layers per stage) view.
     whole = jax.jit(lambda k: 2 * k, out_shardings=NamedSharding(mesh, PartitionSpec()))
     assert stack_gathers(whole.lower(kernel).compile().as_text(), depth)
+    stages = mesh.shape["pipeline"]
+    staged = jax.jit(lambda k: 2 * k.reshape(1, stages, depth // stages, *k.shape[1:]),
+                     out_shardings=NamedSharding(mesh, PartitionSpec()))
+    assert stack_gathers(staged.lower(kernel).compile().as_text(), depth)
 
 
 # mars-tiny at depth 4 on pipeline=2,fsdp=4, M=4 (issue 35): each stage's 2 layers sharded 4 ways.
