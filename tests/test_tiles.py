@@ -37,6 +37,6 @@ def test_facings_straddling_the_seams_are_counted_once():
     assert len(boxes) == len(truth) and len(scores) == len(truth)
     order = lambda b: b[np.lexsort((b[:, 1], b[:, 0]))]
     np.testing.assert_allclose(order(boxes), order(truth), atol=1e-3)
-    # Without the edge rule, the cut parts come back too: the seams count facings twice.
+    # Kept from every tile that sees them, the facings at the seams would count twice.
     naive = sum(len(t) for t in per_tile)
     assert naive > 1.1 * len(truth)

@@ -2,18 +2,15 @@
 the tiles' boxes merged so that a facing cut by a tile's edge is counted once.
 
 Tiles of `tile` pixels start every `tile - overlap` pixels (the last flush with the photo's edge).
-Each tile owns a core: its area up to the middle of each overlap it shares. A tile keeps a box only
-if the box does not touch an edge it shares with another tile (that tile sees it whole) and its
-centre lies in the tile's core. With `overlap` larger than any facing, every facing lies whole in
-some tile and its centre in exactly one core: each is kept once, with no NMS across seams.
+Each tile owns a core: its area up to the middle of each overlap it shares, and keeps the boxes
+whose centres lie in it. With `overlap` larger than any facing, every facing lies whole in the tile
+that owns its centre, and a part cut by a tile's edge has its centre outside that tile's core (the
+facing would otherwise be wider than the overlap): each facing is kept once, with no NMS.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-EDGE = 1.0
-"""A box within this many pixels of a shared tile edge touches it (the detector's boxes are cut there)."""
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
@@ -53,12 +50,9 @@ def merge_tiles(detections: list[tuple[np.ndarray, np.ndarray]], height: int, wi
                                            strict=True):
         y0, x0 = ys[row], xs[col]
         b = np.asarray(boxes, np.float64).reshape(-1, 4) + np.array([x0, y0, x0, y0])
-        inner = {"left": col > 0, "right": col < len(xs) - 1, "top": row > 0, "bottom": row < len(ys) - 1}
-        touches = ((inner["left"] & (b[:, 0] <= x0 + EDGE)) | (inner["right"] & (b[:, 2] >= x0 + tile - EDGE))
-                   | (inner["top"] & (b[:, 1] <= y0 + EDGE)) | (inner["bottom"] & (b[:, 3] >= y0 + tile - EDGE)))
         cx, cy = (b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2
         (ylo, yhi), (xlo, xhi) = y_cores[row], x_cores[col]
-        owned = (cx >= xlo) & (cx < xhi) & (cy >= ylo) & (cy < yhi) & ~touches
+        owned = (cx >= xlo) & (cx < xhi) & (cy >= ylo) & (cy < yhi)
         kept_boxes.append(b[owned])
         kept_scores.append(np.asarray(scores, np.float64).reshape(-1)[owned])
     return np.concatenate(kept_boxes).astype(np.float32), np.concatenate(kept_scores).astype(np.float32)
