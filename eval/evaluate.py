@@ -16,6 +16,7 @@ from triskele.eval.quantize import weight_bytes
 from triskele.mesh import make_mesh
 from triskele.train.auto_mesh import AUTO, resolve_auto_mesh
 from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.config import InputLimits
 from triskele.train.data.bad_records import tolerant
 from triskele.train.domains import domains, get_domain
@@ -43,12 +44,15 @@ def evaluate_checkpoint(
     if mesh == AUTO:  # the planner's pick for these devices, resolved when the run is prepared
         overrides["mesh"] = AUTO
     given = {name: value for name, value in options.items() if value is not None}
-    parts, state, step = restore_run(workdir, None if mesh == AUTO else make_mesh(mesh or ""), step,
-                                     {**overrides, **_flag_overrides(given)}, choose_mesh=resolve_auto_mesh)
-    params = state.params
-    evaluator = parts.domain.evaluator(parts, True)
-    source = tolerant(parts.domain.open_split(parts.config, split), parts.config.data.bad_records, split)
-    totals = evaluator.accumulate(params, source)
+    with StopRequest("evaluation", "stopping after the batch in hand, writing no report", sigterm=False) as stop:
+        parts, state, step = restore_run(workdir, None if mesh == AUTO else make_mesh(mesh or ""), step,
+                                         {**overrides, **_flag_overrides(given)}, choose_mesh=resolve_auto_mesh)
+        stop.raise_if_requested()
+        params = state.params
+        evaluator = parts.domain.evaluator(parts, True)
+        source = tolerant(parts.domain.open_split(parts.config, split), parts.config.data.bad_records, split)
+        totals = evaluator.accumulate(params, source, stop)
+        stop.raise_if_requested()
     out_dir = workdir / "eval" / str(step)
     report = {
         "domain": parts.config.domain,

@@ -102,3 +102,21 @@ def initialize(options: DistributedOptions | None = None) -> bool:
     else:
         jax.distributed.initialize(**kwargs)
     return True
+
+
+BARRIER_TIMEOUT_S = 3600
+"""How long a process waits at `barrier` for the others (a dead one is found sooner, by the heartbeat)."""
+
+
+def barrier(name: str, timeout_s: int = BARRIER_TIMEOUT_S) -> None:
+    """Every process of a multi-process run waits here for the others (nothing with one process).
+
+    The coordination service's barrier, not a collective: the CPU collectives (gloo) give a peer
+    30 s to connect when a program first runs a collective, and one process may finish compiling
+    a program minutes after another on a loaded machine. `multihost_utils.sync_global_devices`
+    would itself be such a collective, so this reaches the runtime's client (as Orbax does)."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed
+
+    distributed.global_state.client.wait_at_barrier(f"triskele-{name}", timeout_s * 1000)

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 from triskele.mesh import host_to_global, process_rows
+from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.data.pipeline import Source, eval_batches, eval_rows
 from triskele.train.metrics import MetricsFn, flatten
 
@@ -20,9 +21,10 @@ Totals = dict[str, np.ndarray]
 
 @runtime_checkable
 class Evaluator(Protocol):
-    def accumulate(self, params: Any, source: Source) -> Totals:
+    def accumulate(self, params: Any, source: Source, stop: StopRequest | None = None) -> Totals:
         """Every record of `source` once: the sums and per-record values the metrics read, with
-        `loss_sum` and `weight` (eval_loss) and `unreadable` (records left out, unreadable)."""
+        `loss_sum` and `weight` (eval_loss) and `unreadable` (records left out, unreadable).
+        `stop`: checked after each batch (`StopRequest.raise_if_requested`)."""
         ...
 
     def metrics(self, totals: Totals) -> dict[str, Any]:
@@ -63,7 +65,7 @@ class BatchEvaluator:
         """The spec's `evaluator` for a domain whose evaluation is this one with its metrics."""
         return lambda parts, for_report=False: cls(parts, metrics_fn)
 
-    def accumulate(self, params: Any, source: Source) -> Totals:
+    def accumulate(self, params: Any, source: Source, stop: StopRequest | None = None) -> Totals:
         parts = self.parts
         data = parts.config.data
         batch_size = data.global_batch
@@ -74,6 +76,8 @@ class BatchEvaluator:
         batches = eval_batches(source, batch_size, rows, data.threads, data.prefetch, data.workers)
         with jax.set_mesh(parts.mesh):
             for b, local in enumerate(batches):
+                if stop is not None:
+                    stop.raise_if_requested()
                 real = int((eval_rows(b, batch_size, rows) < len(source)).sum())
                 unreadable += real - int(local["valid"].sum())  # counted here: worker processes keep their own notes
                 sums, per_record = jax.device_get(parts.eval_step(params, host_to_global(local, parts.mesh,

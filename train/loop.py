@@ -13,6 +13,7 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 from triskele.mesh import host_to_global, process_rows
+from triskele.mesh.distributed import barrier
 from triskele.mesh.schedule import bubble_fraction, schedule_iterations
 from triskele.train.auto_mesh import resolve_auto_mesh
 from triskele.train.backbone import vit_config
@@ -264,6 +265,7 @@ def _train(
             batch = host_to_global(next(batches), mesh, batch_size)
             if train_step is None:
                 train_step = events.throughput.compile(batch)
+                barrier(f"compiled-{first}")  # before the first collective runs (`barrier`)
                 if log.enabled:
                     print(events.throughput.describe(), flush=True)
                 events.restart_clock(first)

@@ -60,6 +60,13 @@ class StopRequest:
             signal.signal(number, previous)
         self._previous = {}
 
+    def raise_if_requested(self) -> None:
+        """For a job that stops by unwinding (evaluation): KeyboardInterrupt, raised here, at a point
+        the job chose, once a stop was requested. (Python's own KeyboardInterrupt is raised wherever
+        the main thread happens to be, and a library's callback there may swallow it.)"""
+        if self.requested:
+            raise KeyboardInterrupt
+
     @property
     def interrupted(self) -> bool:
         """Stopped by Ctrl-C (exit status 130), not by SIGTERM."""

@@ -18,6 +18,7 @@ from triskele.models.mars import DEFAULT_CLASS_WEIGHTS, IGNORE_LABEL, NUM_CLASSE
 from triskele.models.preprocess import square_crop_box
 from triskele.models.sliding import default_stride, extract_windows, resize_bilinear
 from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.data.pipeline import Source, prefetched
 from triskele.train.domains.mars.frames import frame_logits, runner_of, whole_frames
 from triskele.train.domains.mars.metrics import confusion_metrics
@@ -68,13 +69,15 @@ class MarsEvaluator:
         dataset = grain.MapDataset.range(len(source)).map(lambda index: self._group(source, index))
         return (group for group in prefetched(dataset, data.threads, data.prefetch, 0) if group is not None)
 
-    def accumulate(self, params: Any, source: Source) -> dict[str, Any]:
+    def accumulate(self, params: Any, source: Source, stop: StopRequest | None = None) -> dict[str, Any]:
         confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), np.float64)
         square = np.zeros_like(confusion)
         loss_sum = weight_sum = 0.0
         weights = np.asarray(DEFAULT_CLASS_WEIGHTS, np.float64)
         runner = runner_of(self.parts, params)
         for record, outputs in run_groups(runner.dispatch, runner.fetch, self._groups(source), runner.batch):
+            if stop is not None:
+                stop.raise_if_requested()
             window_logits = outputs["logits"]
             if self.compare_square:
                 square_logits, window_logits = window_logits[-1], window_logits[:-1]
