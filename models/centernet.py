@@ -57,10 +57,11 @@ def heatmap_target(boxes: jax.Array, valid: jax.Array, stride: int, grid: tuple[
     return heat
 
 
-def regression_targets(boxes: jax.Array, valid: jax.Array, stride: int,
-                       grid: tuple[int, int]) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(centre mask (H, W), offset (H, W, 2), log size (H, W, 2)): set at each valid box's centre
-    cell, where two share one the box of the larger index; zero elsewhere."""
+def regression_targets(boxes: jax.Array, valid: jax.Array, stride: int, grid: tuple[int, int],
+                       labels: jax.Array | None = None) -> dict[str, jax.Array]:
+    """`centre` mask (H, W), `offset` (H, W, 2), `log_size` (H, W, 2) and, given each box's label
+    (N,) (-1: none), its `label` (H, W) int32 (-1 where no box is centred): set at each valid box's
+    centre cell, where two share one the box of the larger index; zero elsewhere."""
     cell, offset = centre_cells(boxes, stride, grid)
     cells = grid[0] * grid[1]
     index = jnp.where(valid > 0, cell[:, 1] * grid[1] + cell[:, 0], cells)  # padded boxes: past the end
@@ -74,17 +75,22 @@ def regression_targets(boxes: jax.Array, valid: jax.Array, stride: int,
         flat = jnp.zeros((cells, *values.shape[1:]), jnp.float32).at[index].set(values, mode="drop")
         return flat.reshape(*grid, *values.shape[1:])
 
-    return place(jnp.ones(boxes.shape[0])), place(offset), place(log_size)
+    placed = {"centre": place(jnp.ones(boxes.shape[0])), "offset": place(offset), "log_size": place(log_size)}
+    if labels is not None:
+        placed["label"] = place(labels.astype(jnp.float32) + 1).astype(jnp.int32) - 1
+    return placed
 
 
-def targets(boxes: jax.Array, valid: jax.Array, stride: int, grid: tuple[int, int]) -> dict[str, jax.Array]:
-    """A batch's targets: boxes (B, N, 4) in input pixels, valid (B, N) 1 for a box and 0 for padding."""
-    def one(b, v):
-        centre, offset, log_size = regression_targets(b, v, stride, grid)
-        return {"heatmap": heatmap_target(b, v, stride, grid), "centre": centre, "offset": offset,
-                "log_size": log_size}
+def targets(boxes: jax.Array, valid: jax.Array, stride: int, grid: tuple[int, int],
+            labels: jax.Array | None = None) -> dict[str, jax.Array]:
+    """A batch's targets: boxes (B, N, 4) in input pixels, valid (B, N) 1 for a box and 0 for
+    padding, optionally each box's label (B, N) (-1: none) placed at its centre cell."""
+    def one(b, v, lab):
+        return {"heatmap": heatmap_target(b, v, stride, grid), **regression_targets(b, v, stride, grid, lab)}
 
-    return jax.vmap(one)(boxes.astype(jnp.float32), valid.astype(jnp.float32))
+    if labels is None:
+        return jax.vmap(lambda b, v: one(b, v, None))(boxes.astype(jnp.float32), valid.astype(jnp.float32))
+    return jax.vmap(one)(boxes.astype(jnp.float32), valid.astype(jnp.float32), labels)
 
 
 def focal_loss(logits: jax.Array, heatmap: jax.Array, centre: jax.Array) -> jax.Array:
@@ -104,17 +110,24 @@ def detection_loss(outputs: dict[str, jax.Array], target: dict[str, jax.Array]) 
             + SIZE_WEIGHT * l1("log_size") + OFFSET_WEIGHT * l1("offset"))
 
 
-def decode(outputs: dict[str, jax.Array], stride: int, k: int) -> tuple[jax.Array, jax.Array]:
-    """(boxes (B, k, 4) in input pixels, scores (B, k), best first): the k highest heatmap peaks (a
-    cell no lower than its 3x3 neighbours), each with its offset and size. No NMS: a peak is local."""
+def decode(outputs: dict[str, jax.Array], stride: int, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(boxes (B, k, 4) in input pixels, scores (B, k), best first, and their cells (B, k) as flat
+    indices into the (H, W) map): the k highest heatmap peaks (a cell no lower than its 3x3
+    neighbours), each with its offset and size. No NMS: a peak is local."""
     heat = jax.nn.sigmoid(outputs["heatmap"].astype(jnp.float32))
     b, h, w = heat.shape
     pooled = jax.lax.reduce_window(heat, -jnp.inf, jax.lax.max, (1, 3, 3), (1, 1, 1), "SAME")
     peaks = jnp.where(heat >= pooled, heat, 0.0).reshape(b, h * w)
     scores, index = jax.lax.top_k(peaks, min(k, h * w))
-    take = lambda a: jnp.take_along_axis(a.reshape(b, h * w, 2), index[..., None], axis=1)
-    offset, size = take(outputs["offset"].astype(jnp.float32)), jnp.exp(take(outputs["log_size"].astype(jnp.float32)))
+    offset = at_cells(outputs["offset"].astype(jnp.float32), index)
+    size = jnp.exp(at_cells(outputs["log_size"].astype(jnp.float32), index))
     cell = jnp.stack([index % w, index // w], axis=-1).astype(jnp.float32)
     centre = (cell + offset) * stride
     half = size * stride / 2
-    return jnp.concatenate([centre - half, centre + half], axis=-1), scores
+    return jnp.concatenate([centre - half, centre + half], axis=-1), scores, index
+
+
+def at_cells(values: jax.Array, index: jax.Array) -> jax.Array:
+    """A map's values (B, H, W, C) at cells given as flat indices (B, k): (B, k, C)."""
+    b, h, w, c = values.shape
+    return jnp.take_along_axis(values.reshape(b, h * w, c), index[..., None], axis=1)

@@ -21,6 +21,15 @@ def l2_normalize(x: jax.Array, axis: int = -1) -> jax.Array:
     return x / jnp.sqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True) + 1e-12)
 
 
+def cosface_loss(embedding: jax.Array, centers: jax.Array, label: jax.Array, margin: float,
+                 scale: float) -> jax.Array:
+    """CosFace (Wang et al. 2018): cross-entropy of s * (cos(e, w_c) - m [c = label]) over the
+    L2-normalised class centres `centers` (D, classes); unit embeddings (..., D), labels (...) >= 0."""
+    onehot = jax.nn.one_hot(label, centers.shape[-1])
+    cosine = embedding @ l2_normalize(centers.astype(jnp.float32), axis=0)
+    return -jnp.sum(onehot * jax.nn.log_softmax(scale * (cosine - margin * onehot)), -1)
+
+
 class SkuRecognizer(nnx.Module):
     """Crops (B, H, W, 3) -> class logits (B, classes) and unit embeddings (B, embed_dim).
 
@@ -67,11 +76,8 @@ class SkuRecognizer(nnx.Module):
         label = batch["label"].astype(jnp.int32)
         known = (label >= 0).astype(jnp.float32) * batch["valid"]
         safe = jnp.maximum(label, 0)
-        onehot = jax.nn.one_hot(safe, logits.shape[-1])
-        cosine = embedding @ l2_normalize(self.centers[...].astype(jnp.float32), axis=0)
-        margin_logits = self.scale * (cosine - self.margin * onehot)
-        ce = -jnp.sum(onehot * jax.nn.log_softmax(logits), -1)
-        cosface = -jnp.sum(onehot * jax.nn.log_softmax(margin_logits), -1)
+        ce = -jnp.sum(jax.nn.one_hot(safe, logits.shape[-1]) * jax.nn.log_softmax(logits), -1)
+        cosface = cosface_loss(embedding, self.centers[...], safe, self.margin, self.scale)
         return jnp.sum((ce + cosface) * known), jnp.sum(known)
 
     def eval_stats(self, batch: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
@@ -80,6 +86,10 @@ class SkuRecognizer(nnx.Module):
         _, top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))
         keys = ("label", "kind", "shelf", "slot", "expected")
         return {}, {"embedding": embedding, "top5": top5, **{k: batch[k] for k in keys}}
+
+
+RECOGNITION_WEIGHT = 0.1
+"""The CosFace loss's weight beside the detection loss (both summed per facing): detection first."""
 
 
 class FacingDetector(nnx.Module):
@@ -91,12 +101,18 @@ class FacingDetector(nnx.Module):
     token to its (patch/stride)^2 cells) and, projected, added back at their own stride (nearest
     upsampled), so each cell sees its patch's context and its own detail; a 3x3 convolution of the
     image pooled to the same stride adds the product edges. A 3x3 convolution then three 1x1 heads.
+
+    With `num_classes` (the training catalogue's SKUs) a fourth head gives every cell a unit
+    `embedding` (`embed_dim`), trained with CosFace at each facing's centre cell against one
+    centre per SKU (a foreign facing, label -1, trains none): a detection's SKU is its peak's
+    embedding's nearest gallery entry, SKUs never trained on included (open-set).
     """
 
     normalisation = "fixed"
 
     def __init__(self, cfg: ViTConfig, *, stride: int = 4, channels: int = 32, max_boxes: int = 1024,
-                 max_detections: int = 1000, rngs: nnx.Rngs):
+                 max_detections: int = 1000, num_classes: int = 0, embed_dim: int = 64, margin: float = 0.3,
+                 scale: float = 24.0, rngs: nnx.Rngs):
         if cfg.patch % stride:
             raise ValueError(f"the detector's stride {stride} must divide the patch size {cfg.patch}")
         dt = cfg.compute_dtype
@@ -113,6 +129,11 @@ class FacingDetector(nnx.Module):
         self.heatmap = Conv(channels, 1, 1, dtype=dt, rngs=rngs, kernel_init=nnx.initializers.zeros, bias_init=prior)
         self.offset = Conv(channels, 2, 1, dtype=dt, rngs=rngs)
         self.log_size = Conv(channels, 2, 1, dtype=dt, rngs=rngs)
+        self.recognises = num_classes > 0
+        if self.recognises:
+            self.embedding = Conv(channels, embed_dim, 1, dtype=dt, rngs=rngs)
+            self.centers = normal_param(rngs, (embed_dim, num_classes), ("embedding", "classes"), 1.0)
+            self.margin, self.scale = margin, scale
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -132,32 +153,57 @@ class FacingDetector(nnx.Module):
                                     jax.nn.gelu(self.edges(pooled), approximate=False).astype(fine.dtype)], -1)
         features = constrain(features, "batch", "height", "width", "channels")
         h = jax.nn.gelu(self.fuse(features), approximate=False)
-        return {"heatmap": self.heatmap(h)[..., 0].astype(jnp.float32),
+        maps = {"heatmap": self.heatmap(h)[..., 0].astype(jnp.float32),
                 "offset": self.offset(h).astype(jnp.float32), "log_size": self.log_size(h).astype(jnp.float32)}
+        if self.recognises:
+            maps["embedding"] = l2_normalize(self.embedding(h).astype(jnp.float32))
+        return maps
 
     def loss_terms(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """(summed CenterNet loss of the valid images, their boxes): boxes (B, max_boxes, 4) in
-        pixels and box_valid (B, max_boxes); the targets are computed here, on the device."""
-        target = centernet.targets(batch["boxes"], batch["box_valid"], self.stride, self.grid)
-        per_image = centernet.detection_loss(self(batch["image"]), target)
+        pixels and box_valid (B, max_boxes), with a recognition head box_sku (B, max_boxes) (-1:
+        foreign), whose CosFace loss at the centres is added; the targets are computed here, on the device."""
+        labels = batch["box_sku"] if self.recognises else None
+        target = centernet.targets(batch["boxes"], batch["box_valid"], self.stride, self.grid, labels)
+        outputs = self(batch["image"])
+        per_image = centernet.detection_loss(outputs, target)
+        if self.recognises:
+            known = target["centre"] * (target["label"] >= 0)
+            cosface = cosface_loss(outputs["embedding"], self.centers[...], jnp.maximum(target["label"], 0),
+                                   self.margin, self.scale)
+            per_image = per_image + RECOGNITION_WEIGHT * jnp.sum(cosface * known, axis=(1, 2))
         valid = batch["valid"].astype(jnp.float32)
         return jnp.sum(per_image * valid), jnp.sum(jnp.sum(batch["box_valid"], axis=1) * valid)
 
     def eval_stats(self, batch: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-        """Per image: its decoded detections (boxes, scores) beside its true boxes (padded)."""
+        """Per image: its decoded detections (boxes, scores; with recognition each one's nearest
+        training SKU and its cosine) beside its true boxes (padded) and their SKUs."""
         served = self.serve(batch["image"])
-        return {}, {**served, "true_boxes": batch["boxes"], "box_valid": batch["box_valid"]}
+        truth = {"true_boxes": batch["boxes"], "box_valid": batch["box_valid"]}
+        if self.recognises:
+            cosine = served.pop("embedding") @ l2_normalize(self.centers[...].astype(jnp.float32), axis=0)
+            served.update(sku=jnp.argmax(cosine, -1), sku_cosine=jnp.max(cosine, -1))
+            truth["true_skus"] = batch["box_sku"]
+        return {}, {**served, **truth}
 
     def serve(self, images: jax.Array) -> dict[str, jax.Array]:
-        """The `max_detections` highest peaks of each image: boxes (B, k, 4) in pixels, scores (B, k)."""
-        boxes, scores = centernet.decode(self(images), self.stride, self.max_detections)
-        return {"boxes": boxes, "scores": scores}
+        """The `max_detections` highest peaks of each image: boxes (B, k, 4) in pixels, scores (B, k)
+        and, with recognition, each peak's unit embedding (B, k, embed_dim)."""
+        outputs = self(images)
+        boxes, scores, cells = centernet.decode(outputs, self.stride, self.max_detections)
+        served = {"boxes": boxes, "scores": scores}
+        if self.recognises:
+            served["embedding"] = centernet.at_cells(outputs["embedding"], cells)
+        return served
 
     def cost_shape(self) -> ModelShape:
         cfg, c, s = self.cfg, self.channels, self.stride
         cells = (cfg.image_size // s) ** 2
         upsample = 2.0 * cfg.grid**2 * cfg.width * (cfg.patch // s) ** 2 * c
         convs = 2.0 * cells * 9 * (cfg.channels * c + 2 * c * c) + 2.0 * cells * c * 5
+        if self.recognises:  # the embedding head and each cell's cosines to the SKU centres
+            embed_dim, classes = self.centers.shape
+            convs += 2.0 * cells * embed_dim * (c + classes)
         return cfg.cost_shape(head_split_flops=upsample, head_flops=convs + 2.0 * cfg.grid**2 * cfg.width * c,
                               head_flops_without_input_grad=2.0 * cells * 9 * cfg.channels * c,
                               head_split_inputs=cfg.grid**2 * cfg.width, head_split_outputs=cells * c)

@@ -70,6 +70,17 @@ def test_two_boxes_on_one_centre_cell_keep_the_later_one():
     assert float(t["centre"].sum()) == 1
 
 
+def test_each_boxs_label_is_placed_at_its_centre_cell_the_later_box_winning():
+    boxes = np.array([[8, 8, 24, 24], [9, 9, 23, 25], [40, 8, 60, 40], [0, 0, 0, 0]], np.float32)
+    labels = np.array([[3, 7, -1, 5]], np.int32)  # box 2 foreign, box 3 padding
+    t = centernet.targets(boxes[None], np.array([[1, 1, 1, 0]], np.float32), STRIDE, GRID, labels)
+    label = np.asarray(t["label"])[0]
+    assert label.dtype == np.int32 and label[4, 4] == 7  # box 1 takes the cell it shares with box 0
+    assert label[3, 12] == -1 and label[0, 0] == -1  # the foreign box's centre; the padded box trains nothing
+    assert (label >= 0).sum() == 1
+    assert set(t) == {"heatmap", "centre", "offset", "log_size", "label"}
+
+
 def test_targets_are_the_same_on_one_device_and_on_eight(devices):
     rng = np.random.default_rng(1)
     lo = rng.uniform(0, 80, (8, 64, 2))
@@ -93,7 +104,7 @@ def perfect_outputs(boxes: np.ndarray) -> dict[str, jax.Array]:
 
 
 def test_boxes_drawn_by_hand_decode_back():
-    boxes, scores = centernet.decode(perfect_outputs(BOXES), STRIDE, k=10)
+    boxes, scores, _ = centernet.decode(perfect_outputs(BOXES), STRIDE, k=10)
     boxes, scores = np.asarray(boxes)[0], np.asarray(scores)[0]
     assert boxes.shape == (10, 4) and np.all(np.diff(scores) <= 0)
     found = boxes[scores > 0.5]

@@ -49,12 +49,17 @@ def test_the_loss_falls_and_evaluation_scores_the_detections(tmp_path, capsys, d
     totals = evaluator.accumulate(params, source)
     assert totals["boxes"].shape == (8, 200, 4) and totals["true_boxes"].shape == (8, 160, 4)
     got = evaluator.metrics(totals)
-    assert set(got) == {"ap", "ap50", "ap75", "ar300", "count_mae", "count_error"}
+    assert set(got) == {"ap", "ap50", "ap75", "ar300", "count_mae", "count_error", "sku_top1", "open_set_accuracy",
+                        "unknown_threshold"}
+    assert 0 <= got["sku_top1"] <= 1 and 0 <= got["open_set_accuracy"] <= 1
     assert all(0 <= got[k] <= 1 for k in ("ap", "ap50", "ap75", "ar300")) and got["ap50"] >= got["ap75"]
     # The same scores from pycocotools straight on the truth the photos were drawn with.
     truth = [source.photo(i).boxes for i in range(len(source))]
     for i, t in enumerate(truth):
         np.testing.assert_allclose(totals["true_boxes"][i][totals["box_valid"][i] > 0], t)
+        skus = source.photo(i).skus
+        np.testing.assert_array_equal(totals["true_skus"][i][: len(t)], np.where(skus >= 1_000_000, -1, skus))
+    assert totals["sku"].shape == totals["sku_cosine"].shape == (8, 200)
     assert evaluate_split(parts, params, source).keys() >= {"boxes", "scores"}
     # Predicting shelf photos with the detector is not built yet: refused, naming what works.
     (tmp_path / "in").mkdir()

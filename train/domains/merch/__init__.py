@@ -92,7 +92,7 @@ def build_model(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer | FacingDe
     if _check_task(config) == "shelf":
         m = config.merch
         return FacingDetector(vit_config(config, stages), max_boxes=m.max_boxes, max_detections=m.max_detections,
-                              rngs=rngs)
+                              num_classes=m.num_skus, rngs=rngs)
     return SkuRecognizer(vit_config(config, stages), len(class_names(config)), rngs=rngs)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from triskele.train.bookkeeping.plots import save_figure
 from triskele.train.data.pipeline import Source
-from triskele.train.domains.merch import detection_metrics
+from triskele.train.domains.merch import detection_metrics, recognition_metrics
 from triskele.train.domains.merch.metrics import NAMES, at_k, facings, metrics, violations
 from triskele.train.evaluation import BatchEvaluator, Evaluator
 
@@ -93,7 +93,8 @@ class MerchEvaluator(BatchEvaluator):
 
 class ShelfEvaluator(BatchEvaluator):
     """The facing detector over shelf photos: COCO's AP, AP50, AP75, AR@300 and the count error at
-    `merch.score_threshold`, from each photo's decoded detections and its true boxes."""
+    `merch.score_threshold`, from each photo's decoded detections and its true boxes; with
+    recognition, the SKUs of the facings it found (`recognition_metrics`)."""
 
     def __init__(self, parts: Any, for_report: bool = False):
         super().__init__(parts, self._metrics)
@@ -102,8 +103,13 @@ class ShelfEvaluator(BatchEvaluator):
         truth = [boxes[valid > 0] for boxes, valid in zip(totals["true_boxes"], totals["box_valid"], strict=True)]
         boxes, scores = list(totals["boxes"]), list(totals["scores"])
         threshold = self.parts.config.merch.score_threshold
-        return {**detection_metrics.coco_scores(truth, boxes, scores),
-                **detection_metrics.count_errors(truth, scores, threshold)}
+        scored = {**detection_metrics.coco_scores(truth, boxes, scores),
+                  **detection_metrics.count_errors(truth, scores, threshold)}
+        if "true_skus" not in totals:
+            return scored
+        true_skus = [skus[valid > 0] for skus, valid in zip(totals["true_skus"], totals["box_valid"], strict=True)]
+        return {**scored, **recognition_metrics.recognition_scores(truth, true_skus, boxes, scores, totals["sku"],
+                                                                   totals["sku_cosine"], threshold)}
 
 
 def merch_evaluator(parts: Any, for_report: bool = False) -> Evaluator:
@@ -112,5 +118,5 @@ def merch_evaluator(parts: Any, for_report: bool = False) -> Evaluator:
     return cls(parts, for_report)
 
 
-METRIC_NAMES = NAMES + detection_metrics.NAMES
+METRIC_NAMES = NAMES + detection_metrics.NAMES + recognition_metrics.NAMES
 """What `checkpoint.best_metric` may name in a merch run: the recogniser's and the detector's."""

@@ -257,7 +257,8 @@ def _photometric(photo: Image.Image, rng: np.random.Generator, jpeg: bool) -> np
 
 class ShelfPhotos:
     """Random-access synthetic shelf photos as detector records: `image` (S, S, 3), `boxes`
-    (max_boxes, 4) padded with zeros and `box_valid` (max_boxes,) 1 for a facing, 0 for padding.
+    (max_boxes, 4) padded with zeros, `box_valid` (max_boxes,) 1 for a facing, 0 for padding, and
+    `box_sku` (max_boxes,) each facing's SKU (-1: foreign, in no catalogue).
     A photo holding more facings than `max_boxes` is an error, not a silent cut."""
 
     def __init__(self, split: str, num_records: int, image_size: int, seed: int = 0, skus: int = 100,
@@ -281,11 +282,14 @@ class ShelfPhotos:
         if rng is not None and rng.random() < 0.5:  # a mirrored bay is as good a bay
             image = image[:, ::-1]
             boxes = np.stack([self.size - boxes[:, 2], boxes[:, 1], self.size - boxes[:, 0], boxes[:, 3]], axis=1)
-        return detector_record(image, boxes, self.max_boxes, f"synthetic shelf photo {self.split}/{index}")
+        skus = np.where(photo.skus >= FOREIGN_BASE, -1, photo.skus)
+        return detector_record(image, boxes, self.max_boxes, f"synthetic shelf photo {self.split}/{index}", skus)
 
 
-def detector_record(image: np.ndarray, boxes: np.ndarray, max_boxes: int, name: str) -> dict[str, np.ndarray]:
-    """An image and its boxes padded to `max_boxes` (more is an error naming the image)."""
+def detector_record(image: np.ndarray, boxes: np.ndarray, max_boxes: int, name: str,
+                    skus: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """An image and its boxes padded to `max_boxes` (more is an error naming the image), with
+    their SKUs as `box_sku` (-1: none known; padding -1 too) where `skus` is given."""
     if len(boxes) > max_boxes:
         raise ValueError(f"{name} holds {len(boxes)} facings, more than merch.max_boxes={max_boxes}; "
                          f"raise merch.max_boxes to at least {len(boxes)}")
@@ -293,4 +297,8 @@ def detector_record(image: np.ndarray, boxes: np.ndarray, max_boxes: int, name: 
     padded[: len(boxes)] = boxes
     valid = np.zeros(max_boxes, np.float32)
     valid[: len(boxes)] = 1
-    return {"image": np.ascontiguousarray(image, np.float32), "boxes": padded, "box_valid": valid}
+    record = {"image": np.ascontiguousarray(image, np.float32), "boxes": padded, "box_valid": valid}
+    if skus is not None:
+        record["box_sku"] = np.full(max_boxes, -1, np.int32)
+        record["box_sku"][: len(skus)] = skus
+    return record
