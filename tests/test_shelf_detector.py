@@ -3,14 +3,19 @@ synthetic shelf photos, the same numbers on one device and on a sharded mesh, it
 its evaluation scores detections with COCO's evaluator."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from trainutil import mesh_of, small_config, step_records
 from triskele.eval.cli import main as eval_main
 from triskele.train import make_config, train
 from triskele.train.cli import main as train_main
+from triskele.train.domains.merch.shelf_photos import ShelfPhoto, package_render, render_shelf_photo
 from triskele.train.run import evaluate_split, restore_params
+
+pytestmark = pytest.mark.xdist_group("shelf_detector")  # module fixtures shared: one worker runs them
 
 SHELF = {"model.image_size": 64, "merch.min_facings": 12, "merch.max_boxes": 160, "merch.max_detections": 200,
          "data.global_batch": 8, "data.train_size": 64, "data.eval_size": 8, "optim.lr": 2e-3}
@@ -36,10 +41,16 @@ def test_the_detector_trains_the_same_on_one_device_and_sharded(spec, single, tm
             assert records[step][key] == pytest.approx(reference[key], rel=1e-4), (step, key)
 
 
-def test_the_loss_falls_and_evaluation_scores_the_detections(tmp_path, capsys, devices):
-    workdir = tmp_path / "run"
-    config = shelf_config(**{"run.steps": 40})
-    train(config, workdir, mesh=mesh_of("data=8"), progress=False)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The detector trained for 40 steps on 8 devices."""
+    workdir = tmp_path_factory.mktemp("shelf") / "run"
+    train(shelf_config(**{"run.steps": 40}), workdir, mesh=mesh_of("data=8"), progress=False)
+    return workdir
+
+
+def test_the_loss_falls_and_evaluation_scores_the_detections(trained, devices):
+    workdir = trained
     records = step_records(workdir)
     first, last = np.mean([records[s]["loss"] for s in (1, 2, 3)]), np.mean([records[s]["loss"] for s in (38, 39, 40)])
     assert last < 0.7 * first, (first, last)
@@ -61,11 +72,53 @@ def test_the_loss_falls_and_evaluation_scores_the_detections(tmp_path, capsys, d
         np.testing.assert_array_equal(totals["true_skus"][i][: len(t)], np.where(skus >= 1_000_000, -1, skus))
     assert totals["sku"].shape == totals["sku_cosine"].shape == (8, 200)
     assert evaluate_split(parts, params, source).keys() >= {"boxes", "scores"}
-    # Predicting shelf photos with the detector is not built yet: refused, naming what works.
-    (tmp_path / "in").mkdir()
-    assert eval_main(["predict", "--workdir", str(workdir), "--input", str(tmp_path / "in"), "--output",
-                      str(tmp_path / "out"), "--mesh", "data=8", "--no-progress"]) == 2
-    assert "this run is a facing detector (merch.task=shelf)" in capsys.readouterr().err
+
+
+def write_photo(folder: Path, name: str, index: int, planogram=None) -> ShelfPhoto:
+    photo = render_shelf_photo(0, 2, index, (96, 144), 100, min_facings=12)
+    Image.fromarray((photo.image * 255).round().astype(np.uint8)).save(folder / f"{name}.png")
+    if planogram is not None:
+        (folder / f"{name}.json").write_text(planogram if isinstance(planogram, str) else json.dumps(planogram))
+    return photo
+
+
+def test_gallery_then_predict_on_shelf_photos_writes_reports_overlays_and_compliance(trained, tmp_path, devices):
+    workdir, photos, refs, out = trained, tmp_path / "photos", tmp_path / "refs", tmp_path / "out"
+    photos.mkdir()
+    planned = write_photo(photos, "bay0", 0)
+    shelves = {"shelves": [[str(s) for s in shelf] for shelf in planned.planogram]}
+    (photos / "bay0.json").write_text(json.dumps(shelves))
+    write_photo(photos, "bay1", 1)  # no planogram: detections and SKUs only
+    write_photo(photos, "gridded", 2, {"rows": [["1", "2"]]})
+    write_photo(photos, "broken", 3, "{not json")
+    # The references: one picture per SKU the plan names, by the SKU's name (open-set: any SKU).
+    for sku in sorted({s for shelf in planned.planogram for s in shelf}):
+        (refs / str(sku)).mkdir(parents=True)
+        package_render(0, sku, 5).save(refs / str(sku) / "front.png")
+    predict = ["predict", "--workdir", str(workdir), "--input", str(photos), "--output", str(out), "--mesh", "data=8",
+               "--no-progress"]
+    assert eval_main(predict) == 2  # a planogram without a gallery to recognise its SKUs: refused
+    assert not out.exists()
+    assert eval_main(["gallery", "--workdir", str(workdir), "--input", str(refs), "--mesh", "data=8"]) == 0
+    assert eval_main(predict) == 1  # two photos' planograms are unreadable: listed, the rest predicted
+    report = json.loads((out / "bay0.json").read_text())
+    assert report["photo"] == "bay0.png" and report["found"] == len(report["facings"]) > 0
+    assert report["planned"] == sum(map(len, planned.planogram)) and 0 <= report["score"] <= 1
+    assert sum(report["counts"].values()) >= 1 and len(report["rows"]) >= len(planned.planogram)
+    facing = report["facings"][0]
+    assert set(facing) == {"box", "sku", "confidence", "similarity", "row", "status"}
+    assert all(0 <= v <= 144 for f in report["facings"] for v in f["box"][::2])
+    bare = json.loads((out / "bay1.json").read_text())
+    assert "score" not in bare and all(f["status"] is None for f in bare["facings"])
+    assert Image.open(out / "bay0.png").size[0] >= 144
+    lines = (out / "compliance.csv").read_text().splitlines()
+    assert lines[0] == "photo,planned,found,ok,misplaced,foreign,missing,out_of_stock,extra,score"
+    assert sorted(line.split(",")[0] for line in lines[1:]) == ["bay0.png", "bay1.png"]
+    errors = (out / "errors.csv").read_text()
+    assert "is a grid ('rows')" in errors and "broken.json is not valid" in errors
+    summary = json.loads((out / "summary.json").read_text())
+    assert eval_main(predict) == 1  # a rerun predicts nothing again
+    assert json.loads((out / "summary.json").read_text())["skipped"] == summary["written"] == 2
 
 
 def test_the_shelf_preset_is_the_detector_and_a_bad_task_is_named(tmp_path, capsys):

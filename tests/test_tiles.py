@@ -33,10 +33,13 @@ def test_facings_straddling_the_seams_are_counted_once():
     per_tile = [seen_by(truth, y, x, tile) for y, x in origins]
     cut = sum(len(t) for t in per_tile) - len(truth)
     assert cut > 50  # many facings are seen by two or four tiles, whole or cut
-    boxes, scores = merge_tiles([(t, np.ones(len(t))) for t in per_tile], 1200, 1600, tile, overlap)
+    boxes, scores, index = merge_tiles([(t, np.ones(len(t))) for t in per_tile], 1200, 1600, tile, overlap)
     assert len(boxes) == len(truth) and len(scores) == len(truth)
     order = lambda b: b[np.lexsort((b[:, 1], b[:, 0]))]
     np.testing.assert_allclose(order(boxes), order(truth), atol=1e-3)
+    # Each kept box's index finds it among the tiles' detections (shifted by its tile's origin).
+    flat = np.concatenate([t + np.array([x, y, x, y]) for t, (y, x) in zip(per_tile, origins, strict=True)])
+    np.testing.assert_allclose(flat[index], boxes, atol=1e-3)
     # Kept from every tile that sees them, the facings at the seams would count twice.
     naive = sum(len(t) for t in per_tile)
     assert naive > 1.1 * len(truth)

@@ -31,6 +31,15 @@ class MerchOptions:
     """shelf: the peak score from which a detection counts as a facing (count error, predict)."""
     min_facings: int = 40
     """shelf, synthetic data: the facings a photo holds at least (products shrink to fit them)."""
+    shelf_scale: float = 1.0
+    """shelf, predict: a photo is resized by this factor before it is cut into tiles of the
+    model's input size, so that its products are as large in pixels as the training photos' are."""
+    tile_overlap: int = 32
+    """shelf, predict: pixels (after `shelf_scale`) two neighbouring tiles share; larger than any
+    facing, so that a facing cut by a tile's edge is counted once (`tiles`)."""
+    unknown_threshold: float = 0.5
+    """shelf, predict: a facing whose embedding's cosine to its nearest gallery entry is below this
+    is `unknown`; evaluation on val reports the threshold that separates best (`unknown_threshold`)."""
 
 
 def _check_task(config) -> str:
@@ -105,5 +114,6 @@ MERCH = register(Domain(
     evaluator=Later("triskele.train.domains.merch.evaluator", "merch_evaluator"),
     metric_names=Later("triskele.train.domains.merch.evaluator", "METRIC_NAMES"),
     inference="triskele.eval.domains.merch", eval_commands=("gallery",),
-    resume_options=("score_threshold",), variants={"shelf": shelf_preset},
+    resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"),
+    variants={"shelf": shelf_preset},
 ))

@@ -40,12 +40,13 @@ def _cores(starts: list[int], tile: int, length: int) -> list[tuple[float, float
 
 
 def merge_tiles(detections: list[tuple[np.ndarray, np.ndarray]], height: int, width: int, tile: int,
-                overlap: int) -> tuple[np.ndarray, np.ndarray]:
-    """(boxes (N, 4) in photo pixels, scores (N,)) from each tile's (boxes in tile pixels, scores),
-    tiles in `tile_origins` order: each tile keeps the boxes it owns (see the module doc)."""
+                overlap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(boxes (N, 4) in photo pixels, scores (N,), where each came from (N,): its index in the
+    tiles' detections concatenated) from each tile's (boxes in tile pixels, scores), tiles in
+    `tile_origins` order: each tile keeps the boxes it owns (see the module doc)."""
     ys, xs = tile_starts(height, tile, overlap), tile_starts(width, tile, overlap)
     y_cores, x_cores = _cores(ys, tile, height), _cores(xs, tile, width)
-    kept_boxes, kept_scores = [], []
+    kept_boxes, kept_scores, kept_index, offset = [], [], [], 0
     for (row, col), (boxes, scores) in zip([(r, c) for r in range(len(ys)) for c in range(len(xs))], detections,
                                            strict=True):
         y0, x0 = ys[row], xs[col]
@@ -55,4 +56,7 @@ def merge_tiles(detections: list[tuple[np.ndarray, np.ndarray]], height: int, wi
         owned = (cx >= xlo) & (cx < xhi) & (cy >= ylo) & (cy < yhi)
         kept_boxes.append(b[owned])
         kept_scores.append(np.asarray(scores, np.float64).reshape(-1)[owned])
-    return np.concatenate(kept_boxes).astype(np.float32), np.concatenate(kept_scores).astype(np.float32)
+        kept_index.append(offset + np.flatnonzero(owned))
+        offset += len(b)
+    return (np.concatenate(kept_boxes).astype(np.float32), np.concatenate(kept_scores).astype(np.float32),
+            np.concatenate(kept_index).astype(np.int64))

@@ -11,7 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
+from triskele.eval.domains.merch.gallery import (
+    build_gallery,
+    carried,
+    carry_files,  # noqa: F401 - the inference module's hook for exports and quantized copies (eval.export)
+    gallery_command_for,
+    gallery_path,
+    load_gallery,
+    nearest_skus,
+    refresh_gallery,
+)
+from triskele.eval.domains.merch.legend import font, with_legend
 from triskele.train.commands import Command
 from triskele.train.config import InputLimits
 from triskele.train.domains.merch.data import EMPTY
@@ -82,40 +93,18 @@ def shelf_overlay(image: Image.Image, report: dict[str, Any], grid: dict[str, fl
                                                                     else max(4, side / 30)))
         if box["label"] is not None:
             _label(draw, box["box"], box["label"], box["colour"], int(side / 7))
-    return _with_legend(photo, legend_lines(report))
-
-
-def _font(size: int) -> ImageFont.ImageFont:
-    return ImageFont.load_default(size=max(10, size))
+    return with_legend(photo, legend_lines(report))
 
 
 def _label(draw: ImageDraw.ImageDraw, box: tuple[float, ...], text: str, colour: tuple[int, int, int],
            size: int) -> None:
     """`text` in white on `colour` at the top left of `box`, shrunk to the box's width where it can be."""
     width = box[2] - box[0] - 8
-    size = max(10, min(size, int(size * width / max(draw.textlength(text, font=_font(size)), 1))))
-    font = _font(size)
+    size = max(10, min(size, int(size * width / max(draw.textlength(text, font=font(size)), 1))))
+    face = font(size)
     x, y = box[0] + 4, box[1] + 4
-    draw.rectangle(draw.textbbox((x, y), text, font=font), fill=colour)
-    draw.text((x, y), text, fill=(255, 255, 255), font=font)
-
-
-def _with_legend(photo: Image.Image, lines: list[tuple[tuple[int, int, int] | None, str]]) -> Image.Image:
-    """`photo` above a white band of legend lines (a colour swatch before each that has a colour)."""
-    font = _font(max(12, photo.width // 40))
-    line = int(font.size * 1.5)
-    measure = ImageDraw.Draw(photo)
-    width = max(photo.width, max(int(measure.textlength(text, font=font)) for _, text in lines) + 2 * line)
-    canvas = Image.new("RGB", (width, photo.height + line * len(lines) + line // 2), (255, 255, 255))
-    canvas.paste(photo, (0, 0))
-    draw = ImageDraw.Draw(canvas)
-    for i, (colour, text) in enumerate(lines):
-        y = photo.height + line // 4 + i * line
-        if colour is not None:
-            draw.rectangle([line // 4, y + line // 8, line // 4 + font.size, y + line // 8 + font.size], fill=colour)
-        draw.text((line // 4 + (font.size + line // 4 if colour is not None else 0), y), text, fill=(0, 0, 0),
-                  font=font)
-    return canvas
+    draw.rectangle(draw.textbbox((x, y), text, font=face), fill=colour)
+    draw.text((x, y), text, fill=(255, 255, 255), font=face)
 
 
 def _plain(value):
@@ -128,105 +117,6 @@ def _plain(value):
 def _shown(value) -> str:
     """A report's SKU as the overlay writes it: 'empty' for none."""
     return "empty" if value is None else str(value)
-
-
-def gallery_path(workdir: Path) -> Path:
-    return Path(workdir) / "gallery" / "index.npz"
-
-
-def build_gallery(model, input_dir: Path, workdir: Path) -> dict[str, Any]:
-    """Embeds every reference image of `input_dir/<sku>/*` and saves the index next to the checkpoints,
-    with what it was built with (`built_with`): the model's identity, its preprocessing and the
-    reference folder. A class folder named `empty` holds pictures of empty facings (gaps). `model`:
-    a LiveModel or an ExportedModel."""
-    from triskele.eval.model import input_preprocessing
-    from triskele.train.bookkeeping.files import write_atomically
-    from triskele.train.data.images import read_image
-    from triskele.train.domains.merch.data import class_folders
-
-    classes = class_folders(Path(input_dir))
-    names = [name for name, paths in classes.items() for _ in paths]
-    images = np.stack([read_image(p, model.meta["image_size"], 3) for paths in classes.values() for p in paths])
-    embeddings = model(images)["embedding"]
-    built_with = {"model": model.identity, "preprocessing": input_preprocessing(model.meta),
-                  "references": str(Path(input_dir).resolve())}
-    buffer = io.BytesIO()
-    np.savez(buffer, embeddings=embeddings, names=np.array(names), built_with=np.array(json.dumps(built_with)))
-    write_atomically(gallery_path(workdir), buffer.getvalue())
-    return {"gallery": str(gallery_path(workdir)), "images": len(names), "skus": len(classes)}
-
-
-def _built_with(workdir: Path) -> dict[str, Any]:
-    """What the index was built with ({} for an index written before it was recorded)."""
-    with np.load(gallery_path(workdir)) as index:
-        return json.loads(str(index["built_with"])) if "built_with" in index else {}
-
-
-def _stale(built: dict[str, Any], meta: dict[str, Any]) -> str | None:
-    """Why an index built with `built` does not serve the model of `meta` (with its identity), or None."""
-    from triskele.eval.model import describe_model, input_preprocessing
-
-    if built.get("model") != meta["identity"]:
-        return f"it was built by {describe_model(built.get('model'))}, this is {describe_model(meta['identity'])}"
-    if built.get("preprocessing") != input_preprocessing(meta):
-        return (f"it was built with preprocessing {built.get('preprocessing')}, this model's is "
-                f"{input_preprocessing(meta)}")
-    return None
-
-
-def refresh_gallery(model, workdir: Path | None) -> dict[str, Any] | None:
-    """Before predicting: an index built by another model or with other preprocessing is rebuilt
-    with `model` from the reference folder it records, when that folder is still there; returns the
-    rebuild's summary, or None when nothing was rebuilt (`load_gallery` refuses a stale index)."""
-    if workdir is None or not gallery_path(workdir).is_file():
-        return None
-    built = _built_with(workdir)
-    meta = {**model.meta, "identity": model.identity}
-    references = Path(built.get("references", ""))
-    if _stale(built, meta) is None or not built.get("references") or not references.is_dir():
-        return None
-    rebuilt = build_gallery(model, references, workdir)
-    print(f"gallery index {gallery_path(workdir)} rebuilt from {references}: {_stale(built, meta)}", flush=True)
-    return rebuilt
-
-
-def load_gallery(workdir: Path, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """The index's (embeddings, names); one built by another model than `meta['identity']` or with
-    other preprocessing is refused, naming both models and the command that rebuilds it."""
-    path = gallery_path(workdir)
-    rebuild = f"python -m triskele.eval gallery --workdir {workdir} --input REFERENCE_FOLDER"
-    if not path.is_file():
-        raise ValueError(f"no gallery index at {path}; build one with {rebuild}")
-    built = _built_with(workdir)
-    if "identity" in meta and (why := _stale(built, meta)) is not None:
-        folder = built.get("references")
-        gone = f"its reference folder {folder} is gone" if folder else "it records no reference folder"
-        raise ValueError(f"gallery index {path} does not belong to this model: {why}, and {gone}; rebuild it for "
-                         f"this model with {rebuild} (and the same --step or --exported)")
-    with np.load(path) as index:
-        return index["embeddings"], index["names"].astype(str)
-
-
-def nearest_skus(embedding: np.ndarray, gallery: tuple[np.ndarray, np.ndarray], k: int = 5) -> list[tuple[str, float]]:
-    """The `k` gallery SKUs nearest to `embedding`, each once with its best cosine similarity, nearest first."""
-    embeddings, names = gallery
-    similarity = embeddings @ embedding
-    best: dict[str, float] = {}
-    for i in np.argsort(-similarity, kind="stable"):
-        best.setdefault(str(names[i]), float(similarity[i]))
-        if len(best) == k:
-            break
-    return list(best.items())
-
-
-def _gallery_command_for(meta: dict[str, Any], workdir: Path | None) -> str:
-    """How to build the index a shelf needs: in the run's folder, or (an exported model alone) in
-    the folder it was exported from, then carried by exporting again."""
-    if workdir is not None:
-        return f"python -m triskele.eval gallery --workdir {workdir} --input REFERENCE_FOLDER"
-    source = meta.get("source", "RUN")
-    return (f"python -m triskele.eval gallery --workdir {source} --input REFERENCE_FOLDER, then export again (the "
-            f"export carries it) or predict with --workdir {source} beside --exported")
 
 
 class MerchIO:
@@ -243,7 +133,7 @@ class MerchIO:
 
         self.size, self.names, self.meta = meta["image_size"], meta["class_names"], meta
         self.limits = limits or InputLimits()
-        self.workdir = workdir if workdir is not None else _carried(meta)
+        self.workdir = workdir if workdir is not None else carried(meta)
         has_index = self.workdir is not None and gallery_path(self.workdir).is_file()
         self.gallery = load_gallery(self.workdir, meta) if has_index else None
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
@@ -261,7 +151,7 @@ class MerchIO:
         shelf = next((u.paths[0] for u in units if len(u.paths) == 2), None)
         if shelf is not None and self.gallery is None:
             raise ValueError(f"shelf {shelf} needs a gallery index to recognise facings; build one with "
-                             f"{_gallery_command_for(self.meta, self.workdir)}")
+                             f"{gallery_command_for(self.meta, self.workdir)}")
         return units
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
@@ -335,48 +225,21 @@ def _similarity(row: dict[str, Any]) -> str:
     return f"{row['gallery'][0][1]:.4f}" if row.get("gallery") else ""
 
 
-def _carried(meta: dict[str, Any]) -> Path | None:
-    """The run files an exported model carries beside it (its gallery index), if any."""
-    return Path(meta["run_files"]) if meta.get("run_files") else None
-
-
-def carry_files(workdir: Path, folder: Path, source: dict[str, Any] | None = None,
-                copy: dict[str, Any] | None = None) -> list[str]:
-    """Copies the run's gallery index into `folder` (a quantized copy's run folder, an exported
-    model's run files) so that predict with the copy finds it; returns what it wrote. `copy`: the
-    copy's identity where it computes what the checkpoint `source` (its identity) computes (an export
-    of the same weights): an index built by `source` is recorded as built by the copy. Otherwise predict
-    rebuilds it from its reference folder, as any index built by another model."""
-    from triskele.train.bookkeeping.files import write_atomically
-
-    if not gallery_path(workdir).is_file():
-        return []
-    with np.load(gallery_path(workdir)) as index:
-        arrays = dict(index)
-    built = _built_with(workdir)
-    if copy is not None and built.get("model") == source:
-        arrays["built_with"] = np.array(json.dumps({**built, "model": copy}))
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    write_atomically(gallery_path(folder), buffer.getvalue())
-    return [str(gallery_path(folder))]
-
-
-def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> MerchIO:
-    """`workdir`: the run's folder, where the gallery index is kept (merch has no predict flags);
+def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> Any:
+    """MerchIO, or a facing detector's ShelfIO (`shelf`). `workdir`: the run's folder, where
+    the gallery index is kept (merch has no predict flags);
     an exported model alone reads the index it carries. `meta` with the model's `identity` refuses
     an index built by another model; `meta['limits']`: the input limits (default `InputLimits()`)."""
     if meta.get("options", {}).get("task") == "shelf":
-        raise ValueError("this run is a facing detector (merch.task=shelf): predicting shelf photos with it "
-                         "(detection, recognition against the gallery, alignment to the planogram) is not built "
-                         "yet; evaluate it with python -m triskele.eval --workdir W, or predict crops and "
-                         "gridded shelves with a merch-tiny run")
+        from triskele.eval.domains.merch.shelf import ShelfIO
+
+        return ShelfIO(meta, workdir, meta.get("limits"))
     return MerchIO(meta, workdir, meta.get("limits"))
 
 
 def _refresh(model, workdir: Path | None) -> dict[str, Any] | None:
     """`refresh_gallery` on the run's folder, or on an exported model's carried run files."""
-    return refresh_gallery(model, workdir if workdir is not None else _carried(model.meta))
+    return refresh_gallery(model, workdir if workdir is not None else carried(model.meta))
 
 
 before_predict = _refresh

@@ -1,0 +1,189 @@
+"""Shelf photos through a facing-detector run (merch.task=shelf): the photo scaled by
+`merch.shelf_scale` and cut into overlapping tiles of the model's input, the tiles' detections
+merged (a facing at a seam counted once), each facing's SKU its embedding's nearest gallery entry
+(`unknown` below `merch.unknown_threshold`), the facings grouped into shelf rows and, with a
+planogram (`<stem>.json` beside the photo, the `shelves` form), each row aligned to its planned
+shelf: `NAME.json` (every facing, the rows, the counts, the score), `NAME.png` (the photo with each
+facing outlined in its status's colour, a legend, the score) and `compliance.csv` (one line per photo)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+from triskele.train.config import InputLimits
+from triskele.train.domains.merch.alignment import STATUSES, columns_of, compliance, group_rows
+from triskele.train.domains.merch.data import EMPTY
+from triskele.train.domains.merch.tiles import merge_tiles, tile_origins
+
+COLOURS = {"ok": (34, 160, 60), "misplaced": (220, 30, 30), "foreign": (150, 40, 200), "missing": (255, 140, 0),
+           "out_of_stock": (255, 200, 0), "extra": (30, 100, 230), None: (120, 120, 120)}
+"""Each status's colour in the overlay (None: a facing without a plan to judge it by)."""
+
+
+def read_photo(path: Path, scale: float, limits: InputLimits) -> np.ndarray:
+    """The photo at `scale`, (H, W, 3) float32 in [0, 1]."""
+    from triskele.train.data.images import open_image
+
+    image = open_image(path, limits).convert("RGB")
+    if scale != 1.0:
+        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                             Image.BILINEAR)
+    return np.asarray(image, np.float32) / 255.0
+
+
+def photo_tiles(photo: np.ndarray, tile: int, overlap: int) -> np.ndarray:
+    """The photo's tiles (n, tile, tile, 3) in `tile_origins` order; a photo smaller than a tile is
+    padded with grey on the right and bottom (a pad holds no facing)."""
+    height, width = photo.shape[:2]
+    padded = np.full((max(height, tile), max(width, tile), 3), 0.5, np.float32)
+    padded[:height, :width] = photo
+    origins = tile_origins(max(height, tile), max(width, tile), tile, overlap)
+    return np.stack([padded[y:y + tile, x:x + tile] for y, x in origins])
+
+
+def facings_of(outputs: dict[str, np.ndarray], height: int, width: int, tile: int, overlap: int,
+               threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(boxes (N, 4), scores (N,), embeddings (N, D) or None) of the facings found on a photo's
+    tiles: merged across seams, those scoring at least `threshold`, best first."""
+    per_tile = list(zip(outputs["boxes"], outputs["scores"], strict=True))
+    boxes, scores, index = merge_tiles(per_tile, max(height, tile), max(width, tile), tile, overlap)
+    centres = (boxes[:, :2] + boxes[:, 2:]) / 2
+    keep = (scores >= threshold) & (centres[:, 0] < width) & (centres[:, 1] < height)
+    order = np.flatnonzero(keep)[np.argsort(-scores[keep], kind="stable")]
+    embeddings = None
+    if "embedding" in outputs:
+        embeddings = outputs["embedding"].reshape(-1, outputs["embedding"].shape[-1])[index[order]]
+    clipped = np.clip(boxes[order], 0, [width, height, width, height])
+    return clipped, scores[order], embeddings
+
+
+def recognise(embeddings: np.ndarray | None, gallery: tuple[np.ndarray, np.ndarray] | None,
+              unknown: float) -> tuple[list[str | None], list[float | None]]:
+    """Each facing's SKU (None: unknown, below `unknown` or without a gallery) and its cosine."""
+    if embeddings is None or gallery is None or len(embeddings) == 0:
+        return [None] * (0 if embeddings is None else len(embeddings)), [None] * (0 if embeddings is None
+                                                                                 else len(embeddings))
+    similarity = embeddings @ gallery[0].T
+    best = np.argmax(similarity, axis=1)
+    cosine = similarity[np.arange(len(best)), best]
+    names = [str(gallery[1][b]) if c >= unknown else None for b, c in zip(best, cosine, strict=True)]
+    return names, [float(c) for c in cosine]
+
+
+def shelf_report(boxes: np.ndarray, scores: np.ndarray, skus: list[str | None], cosines: list[float | None],
+                 shelves: list[list[str | None]] | None) -> dict[str, Any]:
+    """The photo's report: every facing (box, SKU, confidence, similarity, row, status), and with a
+    plan (`shelves`, None for planned empty) each row's alignment, the status counts and the score."""
+    rows = group_rows(boxes)
+    facings = [{"box": [round(float(v), 1) for v in boxes[i]], "sku": skus[i], "confidence": round(float(scores[i]), 4),
+                "similarity": None if cosines[i] is None else round(cosines[i], 4), "row": r, "status": None}
+               for r, row in enumerate(rows) for i in row]
+    by_box = {i: f for f, i in zip(facings, [i for row in rows for i in row], strict=True)}
+    report: dict[str, Any] = {"found": len(facings), "facings": facings}
+    if shelves is None:
+        return report
+    columns = [columns_of(row, boxes, [s if s is not None else None for s in skus]) for row in rows]
+    judged = compliance([[c.sku for c in row] for row in columns], shelves)
+    for row, statuses in zip(columns, judged["rows"], strict=False):
+        for column, status in zip(row, statuses["found"], strict=True):
+            for i in column.boxes:
+                by_box[i]["status"] = status
+    return {**report, "planned": judged["planned"], "counts": judged["counts"], "score": judged["score"],
+            "rows": judged["rows"]}
+
+
+def shelf_overlay(photo: Image.Image, report: dict[str, Any]) -> Image.Image:
+    """The photo with each facing outlined in its status's colour and a legend with the score."""
+    from triskele.eval.domains.merch.legend import with_legend
+
+    image = photo.convert("RGB")
+    draw = ImageDraw.Draw(image)
+    line = max(1, round(min(image.size) / 300))
+    for facing in report["facings"]:
+        draw.rectangle(facing["box"], outline=COLOURS[facing["status"]], width=line)
+    if "score" not in report:
+        return with_legend(image, [(COLOURS[None], f"{report['found']} facings found (no planogram)")])
+    counts = report["counts"]
+    ok = counts["ok"]
+    lines = [(None, f"compliance {report['score']:.0%} ({ok} of {report['planned']} planned facings in place)")]
+    return with_legend(image, lines + [(COLOURS[s], f"{s.replace('_', ' ')}: {counts[s]}") for s in STATUSES])
+
+
+class ShelfIO:
+    """Predict of a facing-detector run (see the module doc). A photo's planogram must be the
+    `shelves` form; a malformed one, one over a limit, or an unreadable photo goes to errors.csv."""
+
+    def __init__(self, meta: dict[str, Any], workdir: Path | None, limits: InputLimits | None = None):
+        from triskele.eval.domains.merch.gallery import carried, gallery_path, load_gallery
+        from triskele.train.data.images import IMAGE_SUFFIXES
+
+        options, self.meta = meta["options"], meta
+        self.tile, self.scale, self.overlap = meta["image_size"], options["shelf_scale"], options["tile_overlap"]
+        self.threshold, self.unknown = options["score_threshold"], options["unknown_threshold"]
+        self.limits = limits or InputLimits()
+        self.workdir = workdir if workdir is not None else carried(meta)
+        has_index = self.workdir is not None and gallery_path(self.workdir).is_file()
+        self.gallery = load_gallery(self.workdir, meta) if has_index else None
+        self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
+
+    def units(self, root: Path, files: list[Path]):
+        from triskele.eval.engine import JOB_FILES, Unit, file_units
+        from triskele.eval.inputs import refuse_clashes
+
+        units = [Unit(u.key, (u.paths[0], u.paths[0].with_suffix(".json")), u.stem)
+                 if u.paths[0].with_suffix(".json").is_file() else u for u in file_units(root, files)]
+        refuse_clashes({u.key: [u.named(".json"), u.named(".png")] for u in units}, (*JOB_FILES, "compliance.csv"))
+        planned = next((u.paths[1] for u in units if len(u.paths) == 2), None)
+        if planned is not None and self.gallery is None:
+            from triskele.eval.domains.merch.gallery import gallery_command_for
+
+            raise ValueError(f"planogram {planned} needs a gallery index to recognise the facings it plans; build "
+                             f"one with {gallery_command_for(self.meta, self.workdir)}")
+        return units
+
+    def read(self, unit) -> tuple[np.ndarray, Any]:
+        from triskele.train.domains.merch.data import read_planogram
+
+        shelves = None
+        if len(unit.paths) == 2:
+            planogram = read_planogram(unit.paths[1], self.limits)
+            if "shelves" not in planogram:
+                raise ValueError(f"planogram {unit.paths[1]} is a grid ('rows'); a facing detector's photo is "
+                                 "planned by shelves: {\"shelves\": [[sku, ...], ...]} top to bottom, left to right")
+            shelves = [[None if v == str(EMPTY) or v == EMPTY else v for v in shelf] for shelf in planogram["shelves"]]
+        photo = read_photo(unit.paths[0], self.scale, self.limits)
+        return photo_tiles(photo, self.tile, self.overlap), {"shelves": shelves, "size": photo.shape[:2]}
+
+    def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
+        from triskele.train.bookkeeping.files import write_atomically
+        from triskele.train.data.images import open_image
+
+        height, width = context["size"]
+        boxes, scores, embeddings = facings_of(outputs, height, width, self.tile, self.overlap, self.threshold)
+        skus, cosines = recognise(embeddings, self.gallery, self.unknown)
+        report = shelf_report(boxes / self.scale, scores, skus, cosines, context["shelves"])
+        write_atomically(out_dir / unit.named(".json"), (json.dumps({"photo": unit.key, **report}, indent=2)
+                                                          + "\n").encode())
+        buffer = io.BytesIO()
+        shelf_overlay(open_image(unit.paths[0], self.limits), report).save(buffer, format="PNG")
+        write_atomically(out_dir / unit.named(".png"), buffer.getvalue())
+        return {"photo": unit.key, "found": report["found"], **{k: report[k] for k in ("planned", "counts", "score")
+                                                                 if k in report}}
+
+    def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
+        """compliance.csv: per photo the facings planned and found, each status's count, the score
+        (empty where the photo has no planogram)."""
+        from triskele.eval.engine import write_csv
+
+        if not rows:
+            return []
+        write_csv(out_dir / "compliance.csv", ["photo", "planned", "found", *STATUSES, "score"],
+                  [[r["photo"], r.get("planned", ""), r["found"], *[r["counts"][s] if "counts" in r else ""
+                                                                   for s in STATUSES],
+                    f"{r['score']:.4f}" if "score" in r else ""] for r in rows])
+        return ["compliance.csv"]

@@ -1,0 +1,85 @@
+"""Predicting shelf photos with a facing detector (issue 30 items 3, 5, 7), piece by piece on cases
+made by hand: references embedded on a canvas, tiles merged with each facing's own embedding,
+facings recognised or unknown, rows judged against the plan."""
+
+import numpy as np
+import pytest
+from PIL import Image
+from triskele.eval.domains.merch.references import REFERENCE_ROWS, reference_canvas, reference_embedding
+from triskele.eval.domains.merch.shelf import facings_of, photo_tiles, recognise, shelf_report
+from triskele.train.domains.merch.shelf_photos import render_shelf_photo
+from triskele.train.domains.merch.tiles import tile_origins
+
+
+def test_a_reference_becomes_rows_of_facings_of_its_own_shape():
+    canvas, boxes = reference_canvas(Image.new("RGB", (30, 90), (200, 10, 10)), 128)
+    assert canvas.shape == (128, 128, 3) and len(boxes) >= REFERENCE_ROWS * 4
+    sides = boxes[:, 2:] - boxes[:, :2]
+    np.testing.assert_allclose(sides[:, 0] / sides[:, 1], 1 / 3, rtol=0.1)  # the picture's aspect kept
+    assert boxes.min() >= 0 and boxes.max() <= 128
+    x1, y1, x2, y2 = boxes[0].astype(int)
+    np.testing.assert_allclose(canvas[(y1 + y2) // 2, (x1 + x2) // 2], [200 / 255, 10 / 255, 10 / 255], atol=0.01)
+    wide, wide_boxes = reference_canvas(Image.new("RGB", (900, 30)), 128)
+    assert len(wide_boxes) >= 1 and wide_boxes[:, 2].max() <= 128
+
+
+def test_a_references_embedding_is_its_copies_best_peaks_averaged():
+    boxes = np.array([[0, 0, 10, 10], [20, 0, 30, 10]], np.float32)
+    outputs = {"boxes": np.array([[1, 1, 9, 9], [2, 2, 8, 8], [21, 1, 29, 9], [50, 50, 60, 60]], np.float32),
+               "scores": np.array([0.9, 0.95, 0.8, 0.99]),
+               "embedding": np.array([[1, 0], [0, 1], [0, 1], [1, 0]], np.float32)}
+    # Copy 0's best peak is peak 1 (0.95), copy 1's is peak 2; peak 3 is no copy's.
+    np.testing.assert_allclose(reference_embedding(outputs, boxes), [0, 1], atol=1e-6)
+    with pytest.raises(ValueError, match="finds none of its copies"):
+        reference_embedding(outputs, boxes + 100)
+
+
+def test_tiles_merge_back_to_each_facing_with_its_own_embedding():
+    photo = render_shelf_photo(0, 2, 3, (200, 300), 100, min_facings=60, jpeg=False)
+    truth = photo.boxes
+    tile, overlap = 128, int(np.ceil((truth[:, 2:] - truth[:, :2]).max())) + 4
+    tiles = photo_tiles(photo.image, tile, overlap)
+    origins = tile_origins(200, 300, tile, overlap)
+    assert tiles.shape == (len(origins), tile, tile, 3)
+    np.testing.assert_array_equal(tiles[-1], photo.image[200 - tile:, 300 - tile:])
+    k, identity = 400, np.eye(len(truth), dtype=np.float32)
+    outputs = {"boxes": np.zeros((len(origins), k, 4), np.float32), "scores": np.zeros((len(origins), k)),
+               "embedding": np.zeros((len(origins), k, len(truth)), np.float32)}
+    for t, (y, x) in enumerate(origins):  # a perfect detector: what each tile sees whole or in part
+        local = np.clip(truth - [x, y, x, y], 0, tile)
+        seen = np.flatnonzero((local[:, 2] > local[:, 0]) & (local[:, 3] > local[:, 1]))
+        outputs["boxes"][t, :len(seen)] = local[seen]
+        outputs["scores"][t, :len(seen)] = 0.9
+        outputs["embedding"][t, :len(seen)] = identity[seen]
+    boxes, scores, embeddings = facings_of(outputs, 200, 300, tile, overlap, threshold=0.5)
+    assert len(boxes) == len(truth) and np.all(scores == pytest.approx(0.9))
+    ids = embeddings.argmax(1)
+    assert sorted(ids) == list(range(len(truth)))  # each facing once, with its own embedding
+    np.testing.assert_allclose(boxes, truth[ids], atol=1e-3)
+
+
+def test_a_small_photo_is_padded_into_one_tile():
+    tiles = photo_tiles(np.ones((50, 70, 3), np.float32), 128, 32)
+    assert tiles.shape == (1, 128, 128, 3) and tiles[0, :50, :70].min() == 1 and tiles[0, 60, 100, 0] == 0.5
+
+
+def test_facings_below_the_unknown_threshold_have_no_sku():
+    gallery = (np.array([[1, 0], [0, 1]], np.float32), np.array(["cola", "soap"]))
+    embeddings = np.array([[0.99, 0.14], [0.6, 0.8], [0.2, 0.98]], np.float32)
+    assert recognise(embeddings, gallery, 0.9)[0] == ["cola", None, "soap"]
+    assert recognise(embeddings, None, 0.9) == ([None] * 3, [None] * 3)
+
+
+def test_a_shelf_report_judges_each_facing_against_the_plan():
+    # Two shelves: cola cola soap | tea (gap) tea; found: cola soap soap | tea, a gap, tea.
+    boxes = np.array([[0, 0, 10, 20], [10, 0, 20, 20], [20, 0, 30, 20],
+                      [0, 30, 10, 50], [20, 30, 30, 50]], np.float32)
+    skus = ["cola", "soap", "soap", "tea", "tea"]
+    plan = [["cola", "cola", "soap"], ["tea", "tea", "tea"]]
+    report = shelf_report(boxes, np.full(5, 0.8), skus, [0.9] * 5, plan)
+    assert [f["status"] for f in report["facings"]] == ["ok", "misplaced", "ok", "ok", "ok"]
+    assert report["counts"]["out_of_stock"] == 1 and report["counts"]["misplaced"] == 1
+    assert report["planned"] == 6 and report["score"] == pytest.approx(4 / 6)
+    assert [f["row"] for f in report["facings"]] == [0, 0, 0, 1, 1]
+    bare = shelf_report(boxes, np.full(5, 0.8), skus, [0.9] * 5, None)
+    assert bare["found"] == 5 and "score" not in bare and all(f["status"] is None for f in bare["facings"])
