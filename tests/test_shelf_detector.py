@@ -61,7 +61,9 @@ def test_the_loss_falls_and_evaluation_scores_the_detections(trained, devices):
     assert totals["boxes"].shape == (8, 200, 4) and totals["true_boxes"].shape == (8, 160, 4)
     got = evaluator.metrics(totals)
     assert set(got) == {"ap", "ap50", "ap75", "ar300", "count_mae", "count_error", "sku_top1", "open_set_accuracy",
-                        "unknown_threshold"}
+                        "unknown_threshold", "f1_ok", "f1_misplaced", "f1_foreign", "f1_out_of_stock", "f1_missing",
+                        "score_mae"}
+    assert all(0 <= got[k] <= 1 for k in ("f1_ok", "f1_misplaced", "f1_foreign", "f1_out_of_stock", "score_mae"))
     assert 0 <= got["sku_top1"] <= 1 and 0 <= got["open_set_accuracy"] <= 1
     assert all(0 <= got[k] <= 1 for k in ("ap", "ap50", "ap75", "ar300")) and got["ap50"] >= got["ap75"]
     # The same scores from pycocotools straight on the truth the photos were drawn with.

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 from triskele.eval.domains.merch.references import REFERENCE_ROWS, reference_canvas, reference_embedding
-from triskele.eval.domains.merch.shelf import facings_of, photo_tiles, recognise, shelf_report
+from triskele.eval.domains.merch.shelf import facings_of, photo_tiles, recognise
+from triskele.train.domains.merch.alignment import shelf_report
 from triskele.train.domains.merch.shelf_photos import render_shelf_photo
 from triskele.train.domains.merch.tiles import tile_origins
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 from triskele.train.config import InputLimits
-from triskele.train.domains.merch.alignment import STATUSES, columns_of, compliance, group_rows
+from triskele.train.domains.merch.alignment import STATUSES, shelf_report
 from triskele.train.domains.merch.data import EMPTY
 from triskele.train.domains.merch.tiles import merge_tiles, tile_origins
 
@@ -73,28 +73,6 @@ def recognise(embeddings: np.ndarray | None, gallery: tuple[np.ndarray, np.ndarr
     cosine = similarity[np.arange(len(best)), best]
     names = [str(gallery[1][b]) if c >= unknown else None for b, c in zip(best, cosine, strict=True)]
     return names, [float(c) for c in cosine]
-
-
-def shelf_report(boxes: np.ndarray, scores: np.ndarray, skus: list[str | None], cosines: list[float | None],
-                 shelves: list[list[str | None]] | None) -> dict[str, Any]:
-    """The photo's report: every facing (box, SKU, confidence, similarity, row, status), and with a
-    plan (`shelves`, None for planned empty) each row's alignment, the status counts and the score."""
-    rows = group_rows(boxes)
-    facings = [{"box": [round(float(v), 1) for v in boxes[i]], "sku": skus[i], "confidence": round(float(scores[i]), 4),
-                "similarity": None if cosines[i] is None else round(cosines[i], 4), "row": r, "status": None}
-               for r, row in enumerate(rows) for i in row]
-    by_box = {i: f for f, i in zip(facings, [i for row in rows for i in row], strict=True)}
-    report: dict[str, Any] = {"found": len(facings), "facings": facings}
-    if shelves is None:
-        return report
-    columns = [columns_of(row, boxes, [s if s is not None else None for s in skus]) for row in rows]
-    judged = compliance([[c.sku for c in row] for row in columns], shelves)
-    for row, statuses in zip(columns, judged["rows"], strict=False):
-        for column, status in zip(row, statuses["found"], strict=True):
-            for i in column.boxes:
-                by_box[i]["status"] = status
-    return {**report, "planned": judged["planned"], "counts": judged["counts"], "score": judged["score"],
-            "rows": judged["rows"]}
 
 
 def shelf_overlay(photo: Image.Image, report: dict[str, Any]) -> Image.Image:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -169,3 +170,25 @@ def compliance(found_rows: Sequence[Sequence[str | None]], shelves: Sequence[Seq
         rows.append({"found": on_found, "planned": on_plan})
     return {"counts": counts, "planned": planned_facings, "score": counts["ok"] / max(planned_facings, 1),
             "rows": rows}
+
+
+def shelf_report(boxes: np.ndarray, scores: np.ndarray, skus: list[str | None], cosines: list[float | None],
+                 shelves: list[list[str | None]] | None) -> dict[str, Any]:
+    """The photo's report: every facing (box, SKU, confidence, similarity, row, status), and with a
+    plan (`shelves`, None for planned empty) each row's alignment, the status counts and the score."""
+    rows = group_rows(boxes)
+    facings = [{"box": [round(float(v), 1) for v in boxes[i]], "sku": skus[i], "confidence": round(float(scores[i]), 4),
+                "similarity": None if cosines[i] is None else round(cosines[i], 4), "row": r, "status": None}
+               for r, row in enumerate(rows) for i in row]
+    by_box = {i: f for f, i in zip(facings, [i for row in rows for i in row], strict=True)}
+    report: dict[str, Any] = {"found": len(facings), "facings": facings}
+    if shelves is None:
+        return report
+    columns = [columns_of(row, boxes, skus) for row in rows]
+    judged = compliance([[c.sku for c in row] for row in columns], shelves)
+    for row, statuses in zip(columns, judged["rows"], strict=False):
+        for column, status in zip(row, statuses["found"], strict=True):
+            for i in column.boxes:
+                by_box[i]["status"] = status
+    return {**report, "planned": judged["planned"], "counts": judged["counts"], "score": judged["score"],
+            "rows": judged["rows"]}

@@ -4,13 +4,15 @@ facings judged against the truth (violations flagged / missed)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from triskele.train.bookkeeping.plots import save_figure
+from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.data.pipeline import Source
-from triskele.train.domains.merch import detection_metrics, recognition_metrics
+from triskele.train.domains.merch import compliance_metrics, detection_metrics, recognition_metrics
 from triskele.train.domains.merch.metrics import NAMES, at_k, facings, metrics, violations
 from triskele.train.evaluation import BatchEvaluator, Evaluator
 
@@ -108,8 +110,19 @@ class ShelfEvaluator(BatchEvaluator):
         if "true_skus" not in totals:
             return scored
         true_skus = [skus[valid > 0] for skus, valid in zip(totals["true_skus"], totals["box_valid"], strict=True)]
-        return {**scored, **recognition_metrics.recognition_scores(truth, true_skus, boxes, scores, totals["sku"],
-                                                                   totals["sku_cosine"], threshold)}
+        scored.update(recognition_metrics.recognition_scores(truth, true_skus, boxes, scores, totals["sku"],
+                                                             totals["sku_cosine"], threshold))
+        if "planograms" in totals:
+            unknown = self.parts.config.merch.unknown_threshold
+            scored.update(compliance_metrics.compliance_scores(totals, threshold, unknown))
+        return scored
+
+    def accumulate(self, params: Any, source: Source, stop: StopRequest | None = None) -> dict[str, Any]:
+        """The batches' totals and, for synthetic photos, each photo's planogram (`planograms`, JSON)."""
+        totals = super().accumulate(params, source, stop)
+        if hasattr(source, "photo"):
+            totals["planograms"] = np.array([json.dumps(source.photo(i).planogram) for i in range(len(source))])
+        return totals
 
 
 def merch_evaluator(parts: Any, for_report: bool = False) -> Evaluator:
@@ -118,5 +131,5 @@ def merch_evaluator(parts: Any, for_report: bool = False) -> Evaluator:
     return cls(parts, for_report)
 
 
-METRIC_NAMES = NAMES + detection_metrics.NAMES + recognition_metrics.NAMES
+METRIC_NAMES = NAMES + detection_metrics.NAMES + recognition_metrics.NAMES + compliance_metrics.NAMES
 """What `checkpoint.best_metric` may name in a merch run: the recogniser's and the detector's."""
