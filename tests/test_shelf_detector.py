@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 from trainutil import mesh_of, small_config, step_records
 from triskele.eval.cli import main as eval_main
+from triskele.eval.export import export_model
 from triskele.train import make_config, train
 from triskele.train.cli import main as train_main
 from triskele.train.domains.merch.shelf_photos import ShelfPhoto, package_render, render_shelf_photo
@@ -121,6 +122,16 @@ def test_gallery_then_predict_on_shelf_photos_writes_reports_overlays_and_compli
     summary = json.loads((out / "summary.json").read_text())
     assert eval_main(predict) == 1  # a rerun predicts nothing again
     assert json.loads((out / "summary.json").read_text())["skipped"] == summary["written"] == 2
+    # Exported (jax.export, carrying the gallery), the detector writes the same reports, alone.
+    exported = export_model(workdir, tmp_path / "shelf.jax", batch="dynamic")["output"]
+    alone = tmp_path / "alone"
+    assert eval_main(["predict", "--exported", exported, "--input", str(photos), "--output", str(alone),
+                      "--no-progress"]) == 1
+    again = json.loads((alone / "bay0.json").read_text())
+    assert [f["sku"] for f in again["facings"]] == [f["sku"] for f in report["facings"]]
+    np.testing.assert_allclose([f["box"] for f in again["facings"]], [f["box"] for f in report["facings"]],
+                               atol=0.2)
+    assert again["counts"] == report["counts"]
 
 
 def test_the_shelf_preset_is_the_detector_and_a_bad_task_is_named(tmp_path, capsys):
