@@ -18,22 +18,11 @@ from PIL import Image, ImageDraw
 from triskele.train.config import InputLimits
 from triskele.train.domains.merch.alignment import STATUSES, shelf_report
 from triskele.train.domains.merch.data import EMPTY
-from triskele.train.domains.merch.tiles import merge_tiles, tile_origins
+from triskele.train.domains.merch.tiles import merge_tiles, read_photo, tile_origins
 
 COLOURS = {"ok": (34, 160, 60), "misplaced": (220, 30, 30), "foreign": (150, 40, 200), "missing": (255, 140, 0),
            "out_of_stock": (255, 200, 0), "extra": (30, 100, 230), None: (120, 120, 120)}
 """Each status's colour in the overlay (None: a facing without a plan to judge it by)."""
-
-
-def read_photo(path: Path, scale: float, limits: InputLimits) -> np.ndarray:
-    """The photo at `scale`, (H, W, 3) float32 in [0, 1]."""
-    from triskele.train.data.images import open_image
-
-    image = open_image(path, limits).convert("RGB")
-    if scale != 1.0:
-        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                             Image.BILINEAR)
-    return np.asarray(image, np.float32) / 255.0
 
 
 def photo_tiles(photo: np.ndarray, tile: int, overlap: int) -> np.ndarray:

@@ -66,8 +66,17 @@ def open_split(config, split: str) -> Source:
         from triskele.train.domains.merch.shelf_photos import ShelfPhotos
 
         if config.data.path:
-            raise ValueError("merch.task=shelf reads synthetic shelf photos only so far (data.path must be "
-                             "empty); SKU-110K and COCO layouts on disk are not read yet")
+            from triskele.train.domains.merch.shelf_files import ShelfPhotoFiles
+
+            m = config.merch
+            photos = ShelfPhotoFiles(config.data.path, split, config.model.image_size, scale=m.shelf_scale,
+                                     overlap=m.tile_overlap, max_boxes=m.max_boxes, num_skus=m.num_skus,
+                                     skip=config.data.bad_records == "skip", limits=config.limits)
+            left_out = photos.annotations.problems
+            if left_out and jax.process_index() == 0:
+                print(f"{split}: {len(left_out)} annotation rows left out (data.bad_records=skip), the first: "
+                      f"{left_out[0]}", flush=True)
+            return photos
         size = config.data.train_size if split == "train" else config.data.eval_size
         return ShelfPhotos(split, size, config.model.image_size, seed=config.run.seed, skus=config.merch.num_skus,
                            max_boxes=config.merch.max_boxes, min_facings=config.merch.min_facings)

@@ -10,7 +10,11 @@ facing would otherwise be wider than the overlap): each facing is kept once, wit
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+from PIL import Image
+from triskele.train.config import InputLimits
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
@@ -60,3 +64,14 @@ def merge_tiles(detections: list[tuple[np.ndarray, np.ndarray]], height: int, wi
         offset += len(b)
     return (np.concatenate(kept_boxes).astype(np.float32), np.concatenate(kept_scores).astype(np.float32),
             np.concatenate(kept_index).astype(np.int64))
+
+
+def read_photo(path: Path, scale: float, limits: InputLimits) -> np.ndarray:
+    """The photo at `scale`, (H, W, 3) float32 in [0, 1]."""
+    from triskele.train.data.images import open_image
+
+    image = open_image(path, limits).convert("RGB")
+    if scale != 1.0:
+        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                             Image.BILINEAR)
+    return np.asarray(image, np.float32) / 255.0
