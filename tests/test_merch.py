@@ -263,6 +263,11 @@ def test_gallery_index_crop_and_shelf_prediction(trained, tmp_path, capsys):
     assert not (out / "broken.json").exists() and not (out / "stranger.png").exists()
     assert [r["image"] for r in csv.DictReader((out / "predictions.csv").open())] == ["crop.png"]
     assert json.loads((out / "summary.json").read_text())["unreadable"] == 2
+    # A facing detector's flag given to this recogniser's run: refused, naming it, nothing written.
+    assert eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(tmp_path / "o3"),
+                      "--mesh", "data=8", "--no-progress", "--shelf-scale", "0.5"]) == 2
+    assert "--shelf-scale: for a facing-detector run's shelf photos" in capsys.readouterr().err
+    assert not (tmp_path / "o3").exists()
 
 
 def test_a_quantized_or_exported_copy_carries_the_gallery(trained, tmp_path, capsys):

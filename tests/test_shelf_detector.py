@@ -122,6 +122,11 @@ def test_gallery_then_predict_on_shelf_photos_writes_reports_overlays_and_compli
     summary = json.loads((out / "summary.json").read_text())
     assert eval_main(predict) == 1  # a rerun predicts nothing again
     assert json.loads((out / "summary.json").read_text())["skipped"] == summary["written"] == 2
+    # At twice the scale the photo is cut into more tiles; boxes come back in the photo's own pixels.
+    zoomed = tmp_path / "zoomed"
+    assert eval_main([*predict[:6], str(zoomed), "--mesh", "data=8", "--no-progress", "--shelf-scale", "2"]) == 1
+    bay = json.loads((zoomed / "bay0.json").read_text())
+    assert bay["found"] > 0 and all(0 <= v <= 144 for f in bay["facings"] for v in f["box"][::2])
     # Exported (jax.export, carrying the gallery), the detector writes the same reports, alone.
     exported = export_model(workdir, tmp_path / "shelf.jax", batch="dynamic")["output"]
     alone = tmp_path / "alone"

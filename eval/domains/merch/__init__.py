@@ -230,10 +230,15 @@ def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | No
     the gallery index is kept (merch has no predict flags);
     an exported model alone reads the index it carries. `meta` with the model's `identity` refuses
     an index built by another model; `meta['limits']`: the input limits (default `InputLimits()`)."""
+    given = {name: value for name, value in options.items() if value is not None}
     if meta.get("options", {}).get("task") == "shelf":
         from triskele.eval.domains.merch.shelf import ShelfIO
 
-        return ShelfIO(meta, workdir, meta.get("limits"))
+        return ShelfIO(meta, workdir, meta.get("limits"), given)
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in sorted(given))
+        raise ValueError(f"{flags}: for a facing-detector run's shelf photos (merch.task=shelf); this run recognises "
+                         "product crops")
     return MerchIO(meta, workdir, meta.get("limits"))
 
 

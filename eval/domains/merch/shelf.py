@@ -85,11 +85,13 @@ class ShelfIO:
     """Predict of a facing-detector run (see the module doc). A photo's planogram must be the
     `shelves` form; a malformed one, one over a limit, or an unreadable photo goes to errors.csv."""
 
-    def __init__(self, meta: dict[str, Any], workdir: Path | None, limits: InputLimits | None = None):
+    def __init__(self, meta: dict[str, Any], workdir: Path | None, limits: InputLimits | None = None,
+                 given: dict[str, Any] | None = None):
+        """`given`: predict's flags (`--shelf-scale`, `--unknown-threshold`) over the run's options."""
         from triskele.eval.domains.merch.gallery import carried, gallery_path, load_gallery
         from triskele.train.data.images import IMAGE_SUFFIXES
 
-        options, self.meta = meta["options"], meta
+        options, self.meta = {**meta["options"], **(given or {})}, meta
         self.tile, self.scale, self.overlap = meta["image_size"], options["shelf_scale"], options["tile_overlap"]
         self.threshold, self.unknown = options["score_threshold"], options["unknown_threshold"]
         self.limits = limits or InputLimits()

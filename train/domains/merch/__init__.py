@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from triskele.train.commands import Flag
 from triskele.train.domains import Domain, Later, class_names, register
 
 if TYPE_CHECKING:
@@ -123,6 +124,10 @@ MERCH = register(Domain(
     evaluator=Later("triskele.train.domains.merch.evaluator", "merch_evaluator"),
     metric_names=Later("triskele.train.domains.merch.evaluator", "METRIC_NAMES"),
     inference="triskele.eval.domains.merch", eval_commands=("gallery",),
+    predict_flags=(Flag("--shelf-scale", "facing-detector runs: resize each photo by this before tiling (default: "
+                        "the run's merch.shelf_scale)", type=float, metavar="FACTOR"),
+                   Flag("--unknown-threshold", "facing-detector runs: the cosine below which a facing is unknown "
+                        "(default: the run's merch.unknown_threshold)", type=float, metavar="COSINE")),
     resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"),
     variants={"shelf": shelf_preset},
 ))
