@@ -129,7 +129,8 @@ PLANOGRAMS = {
 
 
 def test_broken_planograms_go_to_errors_csv_with_their_reasons_and_the_good_shelf_is_written(tmp_path):
-    from triskele.eval.domains.merch import gallery_path, predict_io
+    from triskele.eval.domains.merch import predict_io
+    from triskele.eval.domains.merch.gallery import gallery_path
     from triskele.eval.engine import predict_files
     from triskele.eval.model import input_preprocessing
 

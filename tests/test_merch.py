@@ -275,7 +275,7 @@ def test_a_quantized_or_exported_copy_carries_the_gallery(trained, tmp_path, cap
     recorded references) and on an export alone (the index it carries, recorded as the export's)."""
     import shutil
 
-    from triskele.eval.domains.merch import gallery_path
+    from triskele.eval.domains.merch.gallery import gallery_path
     from triskele.eval.exported import load_exported, run_files_path
 
     run = shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("gallery"))
@@ -317,7 +317,7 @@ def _references(folder):
 def test_a_gallery_index_is_tied_to_its_model_rebuilt_when_stale_else_refused(trained, tmp_path, capsys):
     import shutil
 
-    from triskele.eval.domains.merch import gallery_path, refresh_gallery
+    from triskele.eval.domains.merch.gallery import gallery_path, refresh_gallery
     from triskele.eval.exported import load_exported
     from triskele.train.run import restore_params
 
@@ -497,7 +497,7 @@ def test_a_gallery_of_the_shelfs_own_products_recognises_every_facing(trained, t
     assert eval_main(["gallery", "--workdir", str(run), "--input", str(gallery_dir), "--mesh", "data=8"]) == 0
 
     # The 3-step model tells the references apart, though not by much: each is nearest itself.
-    from triskele.eval.domains.merch import gallery_path
+    from triskele.eval.domains.merch.gallery import gallery_path
 
     with np.load(gallery_path(run)) as index:
         similarity = index["embeddings"] @ index["embeddings"].T

@@ -17,12 +17,12 @@ from triskele.eval.domains.merch.gallery import (
     carried,
     carry_files,  # noqa: F401 - the inference module's hook for exports and quantized copies (eval.export)
     gallery_command_for,
-    gallery_path,
-    load_gallery,
     nearest_skus,
     refresh_gallery,
+    run_gallery,
 )
 from triskele.eval.domains.merch.legend import font, with_legend
+from triskele.eval.domains.merch.units import planogram_units
 from triskele.train.commands import Command
 from triskele.train.config import InputLimits
 from triskele.train.domains.merch.data import EMPTY
@@ -133,19 +133,16 @@ class MerchIO:
 
         self.size, self.names, self.meta = meta["image_size"], meta["class_names"], meta
         self.limits = limits or InputLimits()
-        self.workdir = workdir if workdir is not None else carried(meta)
-        has_index = self.workdir is not None and gallery_path(self.workdir).is_file()
-        self.gallery = load_gallery(self.workdir, meta) if has_index else None
+        self.workdir, self.gallery = run_gallery(meta, workdir)
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
 
     def units(self, root: Path, files: list[Path]):
         """Each image (a shelf with its planogram, whose change redoes it); shelves without a
         gallery index are refused before anything runs, naming the command that builds one."""
-        from triskele.eval.engine import JOB_FILES, Unit, file_units
+        from triskele.eval.engine import JOB_FILES
         from triskele.eval.inputs import refuse_clashes
 
-        units = [Unit(u.key, (u.paths[0], u.paths[0].with_suffix(".json")), u.stem)
-                 if u.paths[0].with_suffix(".json").is_file() else u for u in file_units(root, files)]
+        units = planogram_units(root, files)
         refuse_clashes({u.key: [u.named(".json"), u.named(".png")] for u in units if len(u.paths) == 2},
                        (*JOB_FILES, "predictions.csv"))
         shelf = next((u.paths[0] for u in units if len(u.paths) == 2), None)

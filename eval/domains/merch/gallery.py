@@ -141,3 +141,11 @@ def carry_files(workdir: Path, folder: Path, source: dict[str, Any] | None = Non
     np.savez(buffer, **arrays)
     write_atomically(gallery_path(folder), buffer.getvalue())
     return [str(gallery_path(folder))]
+
+
+def run_gallery(meta: dict[str, Any], workdir: Path | None) -> tuple[Path | None, tuple[np.ndarray, np.ndarray] | None]:
+    """(the folder the run's files are in: `workdir`, or what an exported model carries; its gallery
+    index, or None without one): what predict reads SKUs from."""
+    folder = workdir if workdir is not None else carried(meta)
+    has_index = folder is not None and gallery_path(folder).is_file()
+    return folder, load_gallery(folder, meta) if has_index else None

@@ -88,24 +88,22 @@ class ShelfIO:
     def __init__(self, meta: dict[str, Any], workdir: Path | None, limits: InputLimits | None = None,
                  given: dict[str, Any] | None = None):
         """`given`: predict's flags (`--shelf-scale`, `--unknown-threshold`) over the run's options."""
-        from triskele.eval.domains.merch.gallery import carried, gallery_path, load_gallery
+        from triskele.eval.domains.merch.gallery import run_gallery
         from triskele.train.data.images import IMAGE_SUFFIXES
 
         options, self.meta = {**meta["options"], **(given or {})}, meta
         self.tile, self.scale, self.overlap = meta["image_size"], options["shelf_scale"], options["tile_overlap"]
         self.threshold, self.unknown = options["score_threshold"], options["unknown_threshold"]
         self.limits = limits or InputLimits()
-        self.workdir = workdir if workdir is not None else carried(meta)
-        has_index = self.workdir is not None and gallery_path(self.workdir).is_file()
-        self.gallery = load_gallery(self.workdir, meta) if has_index else None
+        self.workdir, self.gallery = run_gallery(meta, workdir)
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))
 
     def units(self, root: Path, files: list[Path]):
-        from triskele.eval.engine import JOB_FILES, Unit, file_units
+        from triskele.eval.domains.merch.units import planogram_units
+        from triskele.eval.engine import JOB_FILES
         from triskele.eval.inputs import refuse_clashes
 
-        units = [Unit(u.key, (u.paths[0], u.paths[0].with_suffix(".json")), u.stem)
-                 if u.paths[0].with_suffix(".json").is_file() else u for u in file_units(root, files)]
+        units = planogram_units(root, files)
         refuse_clashes({u.key: [u.named(".json"), u.named(".png")] for u in units}, (*JOB_FILES, "compliance.csv"))
         planned = next((u.paths[1] for u in units if len(u.paths) == 2), None)
         if planned is not None and self.gallery is None:
