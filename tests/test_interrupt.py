@@ -105,14 +105,14 @@ def test_ctrl_c_during_predict_keeps_what_is_written_and_the_rerun_predicts_the_
 
 
 def test_ctrl_c_during_evaluate_exits_130_without_a_traceback_or_a_report(tmp_path):
-    """The train split (8 batches, not the test split's one) keeps the evaluation running well past the
-    moment its module is imported: on a loaded machine the whole test split was once evaluated before
-    the signal arrived, and the run exited 0."""
+    """The signal goes once the split's reader is imported (inside the evaluation's stop request,
+    after the restore: a Ctrl-C before it is Python's KeyboardInterrupt, which a library's callback
+    once swallowed, and the run exited 0), and the train split's 8 batches keep it evaluating."""
     workdir = shutil.copytree(LEGACY_RUN, tmp_path / "run")
     command = [sys.executable, "-X", "importtime", "-m", "triskele.eval", "--workdir", str(workdir), "--split", "train"]
     process = subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
-    while "triskele.eval.evaluate" not in (line := process.stderr.readline()):  # evaluation has begun
+    while "triskele.train.domains.mars.data" not in (line := process.stderr.readline()):  # the split opens
         assert line, "".join(seen)[-3000:]
         seen.append(line)
     process.send_signal(signal.SIGINT)
