@@ -44,9 +44,9 @@ def test_the_detector_trains_the_same_on_one_device_and_sharded(spec, single, tm
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """The detector trained for 40 steps on 8 devices."""
+    """The detector trained for 40 steps on 8 devices, evaluated on val at the end."""
     workdir = tmp_path_factory.mktemp("shelf") / "run"
-    train(shelf_config(**{"run.steps": 40}), workdir, mesh=mesh_of("data=8"), progress=False)
+    train(shelf_config(**{"run.steps": 40, "run.eval_every": 40}), workdir, mesh=mesh_of("data=8"), progress=False)
     return workdir
 
 
@@ -75,6 +75,64 @@ def test_the_loss_falls_and_evaluation_scores_the_detections(trained, devices):
         np.testing.assert_array_equal(totals["true_skus"][i][: len(t)], np.where(skus >= 1_000_000, -1, skus))
     assert totals["sku"].shape == totals["sku_cosine"].shape == (8, 200)
     assert evaluate_split(parts, params, source).keys() >= {"boxes", "scores"}
+
+
+def test_the_unknown_threshold_chosen_on_val_is_saved_with_the_checkpoint_and_read_with_it(trained, devices):
+    """Unset, merch.unknown_threshold is the checkpoint's own: what the val evaluation that saved it
+    chose (best_threshold over its matched facings), read back by evaluation, predict and export."""
+    from triskele.eval.model import load_model
+    from triskele.train.checkpoint import Checkpoints
+    from triskele.train.config import CheckpointConfig
+    from triskele.train.domains.merch.recognition_metrics import best_threshold, match
+
+    checkpoints = Checkpoints(trained / "checkpoints", CheckpointConfig(), read_only=True)
+    step = checkpoints.latest_step()
+    checkpoints.close()
+    logged = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    saved = next(r["unknown_threshold"] for r in logged if r["step"] == step and "unknown_threshold" in r)
+    parts, params, _ = restore_params(trained, mesh_of("data=8"))
+    assert parts.config.merch.unknown_threshold == saved
+    assert json.loads((trained / "config.json").read_text())["merch"]["unknown_threshold"] is None
+    # The value is val's choice, recomputed here from the val split's detections.
+    unset = restore_params(trained, mesh_of("data=8"), overrides={"data.eval_split": "val"})[0]
+    totals = unset.domain.evaluator(unset, False).accumulate(params, unset.domain.open_split(unset.config, "val"))
+    cosines, right = [], []
+    for i, valid in enumerate(totals["box_valid"]):
+        truth, skus = totals["true_boxes"][i][valid > 0], totals["true_skus"][i][valid > 0]
+        for t, d in match(truth, totals["boxes"][i], totals["scores"][i], parts.config.merch.score_threshold):
+            cosines.append(totals["sku_cosine"][i][d])
+            right.append(skus[t] >= 0 and totals["sku"][i][d] == skus[t])
+    assert best_threshold(np.asarray(cosines, np.float64), np.asarray(right, bool))[0] == pytest.approx(saved)
+    assert load_model(trained, mesh="data=8").meta["options"]["unknown_threshold"] == saved
+    chosen = restore_params(trained, mesh_of("data=8"), overrides={"merch.unknown_threshold": 0.25})[0]
+    assert chosen.config.merch.unknown_threshold == 0.25  # a value given wins
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp4"])
+def test_the_quantized_detector_finds_the_float_detectors_facings(fmt, trained, tmp_path, devices):
+    """The detector's Dense kernels quantized: the test photos' top detections keep their boxes and
+    scores to within the format's rounding (measured: see SCORE_ERROR), and the val-chosen threshold
+    travels with the copy."""
+    from triskele.eval.quantize import quantize_checkpoint
+
+    summary = quantize_checkpoint(trained, fmt, output=tmp_path / fmt, mesh="data=8")
+    assert summary["kernel_bytes_float32"] / summary["kernel_bytes"] >= (6.5 if fmt == "fp4" else 3.9)
+    results = []
+    for workdir in (trained, tmp_path / fmt):
+        parts, params, _ = restore_params(workdir, mesh_of("data=8"))
+        results.append((parts, evaluate_split(parts, params, parts.domain.open_split(parts.config, "test"))))
+    (float_parts, reference), (quantized_parts, got) = results
+    assert quantized_parts.config.model.quantization == fmt
+    assert quantized_parts.config.merch.unknown_threshold == float_parts.config.merch.unknown_threshold is not None
+    top = slice(0, 20)  # each photo's 20 highest peaks: the facings it finds
+    score_error = np.abs(got["scores"][:, top] - reference["scores"][:, top]).max()
+    assert score_error < SCORE_ERROR[fmt], score_error
+    same_cell = got["boxes"][:, top] - reference["boxes"][:, top]
+    assert np.median(np.abs(same_cell)) < 0.5, np.median(np.abs(same_cell))
+
+
+SCORE_ERROR = {"int8": 1e-3, "fp4": 0.3}
+"""The largest top-20 score error allowed per format; measured on this fixture: int8 5.0e-5, fp4 0.219."""
 
 
 def write_photo(folder: Path, name: str, index: int, planogram=None) -> ShelfPhoto:

@@ -18,6 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from triskele.mesh import make_mesh
 from triskele.mesh.spec import AUTO
+from triskele.train.bookkeeping.logs import evaluation_at
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import CheckpointConfig, Config, config_from_dict
 from triskele.train.data.pipeline import Source
@@ -119,10 +120,21 @@ def _open_run(workdir: str | Path, mesh: Mesh | None, step: int | None, override
             raise ValueError(f"{checkpoint_dir} holds no checkpoint yet (a run saves one every checkpoint.every "
                              "steps and when it stops); train there first")
         config = config_from_dict({**checkpoints.restore_config(step), **(overrides or {})})
+        _fill_chosen_options(config, Path(workdir), step)
         return prepare(config, mesh, choose_mesh), checkpoints, step
     except BaseException:
         checkpoints.close()
         raise
+
+
+def _fill_chosen_options(config: Config, workdir: Path, step: int) -> None:
+    """The domain's options chosen by evaluation (`Domain.chosen_by_evaluation`) that the config
+    leaves unset, from the run's evaluation of checkpoint `step` (its metrics.jsonl record)."""
+    unset = tuple(name for name in get_domain(config.domain).chosen_by_evaluation
+                  if getattr(config.options, name) is None)
+    if unset:
+        for name, value in evaluation_at(workdir, step, unset).items():
+            setattr(config.options, name, float(value))
 
 
 def restore_run(

@@ -117,3 +117,17 @@ def first_nonfinite(records: list[tuple[int, dict[str, float]]]) -> tuple[int, d
         if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
             return step, metrics
     return None
+
+
+def evaluation_at(workdir: Path, step: int, names: tuple[str, ...]) -> dict[str, float]:
+    """The values of `names` in the evaluation record metrics.jsonl holds for `step` (a resumed
+    run's file holds each step once), {} when none: what that step's evaluation chose."""
+    path, found = Path(workdir) / "metrics.jsonl", {}
+    if not path.is_file():
+        return found
+    with path.open() as lines:
+        for line in lines:
+            record = json.loads(line)
+            if record.get("step") == step:
+                found.update({name: record[name] for name in names if name in record})
+    return found

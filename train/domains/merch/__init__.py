@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 
 TASKS = ("recognition", "shelf")
+DEFAULT_UNKNOWN_THRESHOLD = 0.5
+"""`merch.unknown_threshold` of a checkpoint that was saved without an evaluation to choose it."""
 
 
 @dataclasses.dataclass
@@ -38,9 +40,11 @@ class MerchOptions:
     tile_overlap: int = 32
     """shelf, predict: pixels (after `shelf_scale`) two neighbouring tiles share; larger than any
     facing, so that a facing cut by a tile's edge is counted once (`tiles`)."""
-    unknown_threshold: float = 0.5
+    unknown_threshold: float | None = None
     """shelf, predict: a facing whose embedding's cosine to its nearest gallery entry is below this
-    is `unknown`; evaluation on val reports the threshold that separates best (`unknown_threshold`)."""
+    is `unknown`. Unset, it is the one training's evaluation on val chose for the checkpoint (the
+    cosine that best separates the facings recognised right from the rest, saved with it as the
+    `unknown_threshold` metric; `DEFAULT_UNKNOWN_THRESHOLD` for a step saved unevaluated)."""
 
 
 def _check_task(config) -> str:
@@ -127,7 +131,8 @@ MERCH = register(Domain(
     predict_flags=(Flag("--shelf-scale", "facing-detector runs: resize each photo by this before tiling (default: "
                         "the run's merch.shelf_scale)", type=float, metavar="FACTOR"),
                    Flag("--unknown-threshold", "facing-detector runs: the cosine below which a facing is unknown "
-                        "(default: the run's merch.unknown_threshold)", type=float, metavar="COSINE")),
+                        "(default: the one chosen on val for the checkpoint)", type=float, metavar="COSINE")),
     resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"),
+    chosen_by_evaluation=("unknown_threshold",),
     variants={"shelf": shelf_preset},
 ))
