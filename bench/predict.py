@@ -7,8 +7,9 @@ device-resident batches of the same size, per preset, weight format and batch; a
 
 Each preset gets a checkpoint of one training step (its weights are random: throughput does not
 depend on them); `bfloat16` is that run with precision=bfloat16; int8/fp8/fp4 are the float32
-checkpoint quantized. Inputs are images of the model's input size (one record each; the deepfake
-frame model reads folders of frames), `--inputs-per-batch` batches' worth of them, written once.
+checkpoint quantized. Inputs are images of the model's input size (one record each: a shelf photo
+is one tile; the deepfake frame model reads folders of frames), `--inputs-per-batch` batches'
+worth of them, written once.
 End to end counts records per second from the first input read to the last output written, the
 input pipeline, the device and the writer overlapping; forward only runs the same compiled
 `serve` on a batch already on the devices. Peak RSS is this process's, after each row.
@@ -35,7 +36,7 @@ from triskele.train import make_config, train
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.domains import get_domain
 
-PRESETS = ("mars-tiny", "mars-s16", "deepfake-tiny", "merch-tiny")
+PRESETS = ("mars-tiny", "mars-s16", "deepfake-tiny", "merch-tiny", "merch-shelf-tiny")
 FORMATS = ("float32", "bfloat16", "int8", "fp8", "fp4")
 BATCHES = (1, 8, 32, 128)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from triskele.eval.domains.merch.references import REFERENCE_ROWS, reference_canvas, reference_embedding
-from triskele.eval.domains.merch.shelf import facings_of, photo_tiles, recognise
+from triskele.eval.domains.merch.shelf import COLOURS, facings_of, photo_tiles, recognise, shelf_overlay
 from triskele.train.domains.merch.alignment import shelf_report
 from triskele.train.domains.merch.shelf_photos import render_shelf_photo
 from triskele.train.domains.merch.tiles import tile_origins
@@ -82,5 +82,20 @@ def test_a_shelf_report_judges_each_facing_against_the_plan():
     assert report["counts"]["out_of_stock"] == 1 and report["counts"]["misplaced"] == 1
     assert report["planned"] == 6 and report["score"] == pytest.approx(4 / 6)
     assert [f["row"] for f in report["facings"]] == [0, 0, 0, 1, 1]
+    # The gap: the space between the teas, as tall as its row.
+    assert report["gaps"] == [{"box": [10.0, 30.0, 20.0, 50.0], "row": 1, "status": "out_of_stock"}]
     bare = shelf_report(boxes, np.full(5, 0.8), skus, [0.9] * 5, None)
     assert bare["found"] == 5 and "score" not in bare and all(f["status"] is None for f in bare["facings"])
+    assert "gaps" not in bare
+
+
+def test_the_overlay_outlines_each_facing_in_its_status_colour_and_crosses_the_gaps():
+    boxes = 5 * np.array([[0, 0, 40, 80], [40, 0, 80, 80], [120, 0, 160, 80]], np.float32)
+    report = shelf_report(boxes, np.full(3, 0.8), ["cola", "soap", "cola"], [0.9] * 3, [["cola", "cola", "cola"]])
+    assert [f["status"] for f in report["facings"]] == ["ok", "foreign", "ok"]  # soap is in no plan
+    assert report["gaps"] == [{"box": [400.0, 0.0, 600.0, 400.0], "row": 0, "status": "out_of_stock"}]
+    overlay = np.asarray(shelf_overlay(Image.new("RGB", (800, 400), (255, 255, 255)), report))
+    assert overlay.shape[1] == 800 and overlay.shape[0] > 400  # the photo, the legend below it
+    assert tuple(overlay[200, 0]) == COLOURS["ok"] and tuple(overlay[200, 200]) == COLOURS["foreign"]
+    assert tuple(overlay[200, 500]) == COLOURS["out_of_stock"]  # the gap's cross, at its centre
+    assert tuple(overlay[100, 500]) == (255, 255, 255)  # inside the gap, off the cross: the photo

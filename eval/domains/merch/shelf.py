@@ -4,7 +4,8 @@ merged (a facing at a seam counted once), each facing's SKU its embedding's near
 (`unknown` below `merch.unknown_threshold`), the facings grouped into shelf rows and, with a
 planogram (`<stem>.json` beside the photo, the `shelves` form), each row aligned to its planned
 shelf: `NAME.json` (every facing, the rows, the counts, the score), `NAME.png` (the photo with each
-facing outlined in its status's colour, a legend, the score) and `compliance.csv` (one line per photo)."""
+facing outlined in its status's colour, each shelf gap crossed, a legend, the score) and
+`compliance.csv` (one line per photo)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,12 @@ def shelf_overlay(photo: Image.Image, report: dict[str, Any]) -> Image.Image:
     line = max(1, round(min(image.size) / 300))
     for facing in report["facings"]:
         draw.rectangle(facing["box"], outline=COLOURS[facing["status"]], width=line)
+    for gap in report.get("gaps", []):  # a shelf gap: a cross through its space, out-of-stock or unplanned
+        x1, y1, x2, y2 = gap["box"]
+        colour = COLOURS[gap["status"]]
+        draw.rectangle(gap["box"], outline=colour, width=line)
+        draw.line((x1, y1, x2, y2), fill=colour, width=line)
+        draw.line((x1, y2, x2, y1), fill=colour, width=line)
     if "score" not in report:
         return with_legend(image, [(COLOURS[None], f"{report['found']} facings found (no planogram)")])
     counts = report["counts"]

@@ -175,7 +175,9 @@ def compliance(found_rows: Sequence[Sequence[str | None]], shelves: Sequence[Seq
 def shelf_report(boxes: np.ndarray, scores: np.ndarray, skus: list[str | None], cosines: list[float | None],
                  shelves: list[list[str | None]] | None) -> dict[str, Any]:
     """The photo's report: every facing (box, SKU, confidence, similarity, row, status), and with a
-    plan (`shelves`, None for planned empty) each row's alignment, the status counts and the score."""
+    plan (`shelves`, None for planned empty) each shelf gap (box: its space between the columns, the
+    row's height; row; status: `out_of_stock` where a facing was planned, None where none was), each
+    row's alignment, the status counts and the score."""
     rows = group_rows(boxes)
     facings = [{"box": [round(float(v), 1) for v in boxes[i]], "sku": skus[i], "confidence": round(float(scores[i]), 4),
                 "similarity": None if cosines[i] is None else round(cosines[i], 4), "row": r, "status": None}
@@ -186,9 +188,14 @@ def shelf_report(boxes: np.ndarray, scores: np.ndarray, skus: list[str | None], 
         return report
     columns = [columns_of(row, boxes, skus) for row in rows]
     judged = compliance([[c.sku for c in row] for row in columns], shelves)
-    for row, statuses in zip(columns, judged["rows"], strict=False):
+    gaps = []
+    for r, (row, statuses) in enumerate(zip(columns, judged["rows"], strict=False)):
+        top, bottom = float(boxes[rows[r], 1].min()), float(boxes[rows[r], 3].max())
         for column, status in zip(row, statuses["found"], strict=True):
             for i in column.boxes:
                 by_box[i]["status"] = status
-    return {**report, "planned": judged["planned"], "counts": judged["counts"], "score": judged["score"],
-            "rows": judged["rows"]}
+            if column.sku == "":
+                gaps.append({"box": [round(v, 1) for v in (column.x1, top, column.x2, bottom)], "row": r,
+                             "status": status})
+    return {**report, "gaps": gaps, "planned": judged["planned"], "counts": judged["counts"],
+            "score": judged["score"], "rows": judged["rows"]}
