@@ -200,6 +200,7 @@ def test_gallery_then_predict_on_shelf_photos_writes_reports_overlays_and_compli
 def test_the_shelf_preset_is_the_detector_and_a_bad_task_is_named(tmp_path, capsys):
     config = make_config("merch-shelf-tiny")
     assert (config.merch.task, config.checkpoint.best_metric, config.model.image_size) == ("shelf", "ap", 128)
+    assert config.checkpoint.best_mode == "max"  # the checkpoint kept is the highest AP's
     assert make_config("merch-tiny").merch.task == "recognition"
     assert train_main(["--preset", "merch-tiny", "--workdir", str(tmp_path), "--set", "merch.task=shelves",
                        "--steps", "1", "--no-progress"]) == 2

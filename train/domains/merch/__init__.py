@@ -58,9 +58,10 @@ def shelf_preset(size: str) -> dict:
     """merch-shelf-<size>: the facing detector on synthetic shelf photos, selected on AP."""
     if size == "tiny":
         return {"merch.task": "shelf", "model.image_size": 128, "checkpoint.best_metric": "ap",
-                "data.train_size": 4000, "data.eval_size": 64, "data.global_batch": 16, "run.steps": 1500}
+                "checkpoint.best_mode": "max", "data.train_size": 4000, "data.eval_size": 64,
+                "data.global_batch": 16, "run.steps": 1500}
     return {"merch.task": "shelf", "model.image_size": 512, "checkpoint.best_metric": "ap",
-            "data.eval_size": 1000}
+            "checkpoint.best_mode": "max", "data.eval_size": 1000}
 
 
 def open_split(config, split: str) -> Source:
