@@ -18,8 +18,9 @@ from triskele.train.run import evaluate_split, restore_params
 
 pytestmark = pytest.mark.xdist_group("shelf_detector")  # module fixtures shared: one worker runs them
 
-SHELF = {"model.image_size": 64, "merch.min_facings": 12, "merch.max_boxes": 160, "merch.max_detections": 200,
-         "data.global_batch": 8, "data.train_size": 64, "data.eval_size": 8, "optim.lr": 2e-3}
+SHELF = {"model.image_size": 64, "model.patch": 8, "merch.min_facings": 12, "merch.max_boxes": 160,
+         "merch.max_detections": 200, "data.global_batch": 8, "data.train_size": 64,
+         "data.eval_size": 8, "optim.lr": 2e-3}
 
 
 def shelf_config(**overrides):
@@ -199,7 +200,7 @@ def test_gallery_then_predict_on_shelf_photos_writes_reports_overlays_and_compli
 
 def test_the_shelf_preset_is_the_detector_and_a_bad_task_is_named(tmp_path, capsys):
     config = make_config("merch-shelf-tiny")
-    assert (config.merch.task, config.checkpoint.best_metric, config.model.image_size) == ("shelf", "ap", 128)
+    assert (config.merch.task, config.checkpoint.best_metric, config.model.image_size) == ("shelf", "ap", 256)
     assert config.checkpoint.best_mode == "max"  # the checkpoint kept is the highest AP's
     assert make_config("merch-tiny").merch.task == "recognition"
     assert train_main(["--preset", "merch-tiny", "--workdir", str(tmp_path), "--set", "merch.task=shelves",

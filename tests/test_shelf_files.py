@@ -73,7 +73,7 @@ def test_sku110k_photos_scaled_into_tiles(tmp_path):
 
 def test_a_run_trains_on_a_coco_tree(tmp_path, devices):
     root = write_coco(tmp_path / "coco")
-    config = small_config("merch-shelf-tiny", **{"data.path": str(root), "model.image_size": 64,
+    config = small_config("merch-shelf-tiny", **{"data.path": str(root), "model.image_size": 64, "model.patch": 8,
                                                  "merch.max_boxes": 128, "merch.max_detections": 100,
                                                  "merch.num_skus": 50, "merch.tile_overlap": 16,
                                                  "data.global_batch": 4, "run.steps": 3})

@@ -57,7 +57,9 @@ def _check_task(config) -> str:
 def shelf_preset(size: str) -> dict:
     """merch-shelf-<size>: the facing detector on synthetic shelf photos, selected on AP."""
     if size == "tiny":
-        return {"merch.task": "shelf", "model.image_size": 128, "checkpoint.best_metric": "ap",
+        # 256 px with patch 16: the ViT's 256 tokens of 128 px at patch 8, the facings twice the
+        # pixels (AP50 at step 500 of 500: 0.59 against 0.41 at 128 px, patch 8).
+        return {"merch.task": "shelf", "model.image_size": 256, "model.patch": 16, "checkpoint.best_metric": "ap",
                 "checkpoint.best_mode": "max", "data.train_size": 4000, "data.eval_size": 64,
                 "data.global_batch": 16, "run.steps": 1500}
     return {"merch.task": "shelf", "model.image_size": 512, "checkpoint.best_metric": "ap",
