@@ -296,7 +296,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_alignment.py::test_two_swapped_facings_are_misplaced_and_the_rest_ok",),
            "a SKU the plan has elsewhere called foreign"),
     Mutant("chosen-threshold-not-read", "train/run.py", "_fill_chosen_options",
-           "evaluation_at(workdir, step, unset).items()", "{}.items()",
+           "chosen.get(name, fallback)", "fallback",
            ("tests/test_shelf_detector.py::test_the_unknown_threshold_chosen_on_val_is_saved_with_the_checkpoint_and_read_with_it",),
            "the checkpoint's val-chosen unknown_threshold left unread: predict falls back to 0.5"),
     Mutant("shelf-gap-at-its-left-neighbour", "train/domains/merch/alignment.py", "shelf_report",

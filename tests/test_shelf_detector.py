@@ -109,6 +109,20 @@ def test_the_unknown_threshold_chosen_on_val_is_saved_with_the_checkpoint_and_re
     assert chosen.config.merch.unknown_threshold == 0.25  # a value given wins
 
 
+def test_a_step_saved_unevaluated_gets_the_domains_threshold_and_a_cut_line_is_passed_over(tmp_path):
+    """Never a value chosen on the split being scored: without a val record for the step, 0.5."""
+    from triskele.train.run import _fill_chosen_options
+
+    config = shelf_config()
+    _fill_chosen_options(config, tmp_path, 7)
+    assert config.merch.unknown_threshold == 0.5
+    record = json.dumps({"step": 7, "eval_loss": 1.0, "unknown_threshold": 0.375})
+    (tmp_path / "metrics.jsonl").write_text(record + '\n{"step": 8, "lo')  # the last line cut short by a kill
+    config = shelf_config()
+    _fill_chosen_options(config, tmp_path, 7)
+    assert config.merch.unknown_threshold == 0.375
+
+
 @pytest.mark.parametrize("fmt", ["int8", "fp4"])
 def test_the_quantized_detector_finds_the_float_detectors_facings(fmt, trained, tmp_path, devices):
     """The detector's Dense kernels quantized: the test photos' top detections keep their boxes and

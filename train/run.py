@@ -129,12 +129,13 @@ def _open_run(workdir: str | Path, mesh: Mesh | None, step: int | None, override
 
 def _fill_chosen_options(config: Config, workdir: Path, step: int) -> None:
     """The domain's options chosen by evaluation (`Domain.chosen_by_evaluation`) that the config
-    leaves unset, from the run's evaluation of checkpoint `step` (its metrics.jsonl record)."""
-    unset = tuple(name for name in get_domain(config.domain).chosen_by_evaluation
-                  if getattr(config.options, name) is None)
-    if unset:
-        for name, value in evaluation_at(workdir, step, unset).items():
-            setattr(config.options, name, float(value))
+    leaves unset, from the run's evaluation of checkpoint `step` (its metrics.jsonl record), or the
+    domain's value for a step saved unevaluated."""
+    unset = {name: fallback for name, fallback in get_domain(config.domain).chosen_by_evaluation.items()
+             if getattr(config.options, name) is None}
+    chosen = evaluation_at(workdir, step, tuple(unset)) if unset else {}
+    for name, fallback in unset.items():
+        setattr(config.options, name, float(chosen.get(name, fallback)))
 
 
 def restore_run(

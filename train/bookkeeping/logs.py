@@ -12,6 +12,7 @@ from typing import Any
 import jax
 from tensorboardX import SummaryWriter
 from triskele.train.bookkeeping.files import open_regular, remove_partials, write_atomically
+from triskele.train.bookkeeping.records import read_records
 
 
 class RunLog:
@@ -120,14 +121,6 @@ def first_nonfinite(records: list[tuple[int, dict[str, float]]]) -> tuple[int, d
 
 
 def evaluation_at(workdir: Path, step: int, names: tuple[str, ...]) -> dict[str, float]:
-    """The values of `names` in the evaluation record metrics.jsonl holds for `step` (a resumed
-    run's file holds each step once), {} when none: what that step's evaluation chose."""
-    path, found = Path(workdir) / "metrics.jsonl", {}
-    if not path.is_file():
-        return found
-    with path.open() as lines:
-        for line in lines:
-            record = json.loads(line)
-            if record.get("step") == step:
-                found.update({name: record[name] for name in names if name in record})
-    return found
+    """The values of `names` that the run's evaluation at `step` logged, {} without one."""
+    record = read_records(Path(workdir) / "metrics.jsonl")[1].get(step, {})
+    return {name: record[name] for name in names if name in record}

@@ -3,30 +3,14 @@
 from __future__ import annotations
 
 import io
-import json
 import math
 from pathlib import Path
 
 from triskele.train.bookkeeping.files import write_atomically
+from triskele.train.bookkeeping.records import read_records
 
 TRAINING_PANELS = (("loss", "training loss"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
                    ("images_per_sec", "images / s"))
-
-
-def read_records(path: Path) -> tuple[dict[int, dict], dict[int, dict]]:
-    """(training records, evaluation records) by step; a later line for a step replaces an earlier one."""
-    train, evaluation = {}, {}
-    if not path.is_file():
-        return train, evaluation
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill: the rest of the file still plots
-        target = evaluation if "eval_loss" in record else train if "loss" in record else None
-        if target is not None:
-            target[int(record["step"])] = record
-    return train, evaluation
 
 
 FRACTIONS = frozenset({"acc", "ap", "auc", "compliance", "eer", "iou", "map", "miou", "precision", "recall", "top1",

@@ -75,10 +75,11 @@ class Domain:
     resume_options: tuple[str, ...] = ()
     """Its options that only evaluation reads, which a relaunch may change (the others choose the
     training data or the model and are refused on resume)."""
-    chosen_by_evaluation: tuple[str, ...] = ()
-    """Its options that evaluation chooses: left unset (None), one takes the value of the metric of
-    its name that the run's evaluation of the checkpoint's step (on `data.eval_split`, val) logged,
-    when the checkpoint is read for evaluation, prediction, export or quantization."""
+    chosen_by_evaluation: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Its options that evaluation chooses, each with the value a checkpoint saved unevaluated gets:
+    left unset (None), one takes the value of the metric of its name that the run's evaluation of
+    the checkpoint's step (on `data.eval_split`, val) logged, when the checkpoint is read for
+    evaluation, prediction, export or quantization; never one chosen on the split being scored."""
     clips: bool = False
     """Its models take clips of `model.frames` images per record (a video model) when frames > 1."""
     prepare: Command | None = None

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 from triskele.train.config import InputLimits
-from triskele.train.domains.merch import DEFAULT_UNKNOWN_THRESHOLD
 from triskele.train.domains.merch.alignment import STATUSES, shelf_report
 from triskele.train.domains.merch.data import EMPTY
 from triskele.train.domains.merch.tiles import merge_tiles, read_photo, tile_origins
@@ -102,7 +101,6 @@ class ShelfIO:
         options, self.meta = {**meta["options"], **(given or {})}, meta
         self.tile, self.scale, self.overlap = meta["image_size"], options["shelf_scale"], options["tile_overlap"]
         self.threshold, self.unknown = options["score_threshold"], options["unknown_threshold"]
-        self.unknown = DEFAULT_UNKNOWN_THRESHOLD if self.unknown is None else self.unknown  # saved unevaluated
         self.limits = limits or InputLimits()
         self.workdir, self.gallery = run_gallery(meta, workdir)
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES}))

@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
 
 TASKS = ("recognition", "shelf")
-DEFAULT_UNKNOWN_THRESHOLD = 0.5
-"""`merch.unknown_threshold` of a checkpoint that was saved without an evaluation to choose it."""
 
 
 @dataclasses.dataclass
@@ -44,7 +42,7 @@ class MerchOptions:
     """shelf, predict: a facing whose embedding's cosine to its nearest gallery entry is below this
     is `unknown`. Unset, it is the one training's evaluation on val chose for the checkpoint (the
     cosine that best separates the facings recognised right from the rest, saved with it as the
-    `unknown_threshold` metric; `DEFAULT_UNKNOWN_THRESHOLD` for a step saved unevaluated)."""
+    `unknown_threshold` metric; 0.5 for a step saved unevaluated)."""
 
 
 def _check_task(config) -> str:
@@ -136,6 +134,6 @@ MERCH = register(Domain(
                    Flag("--unknown-threshold", "facing-detector runs: the cosine below which a facing is unknown "
                         "(default: the one chosen on val for the checkpoint)", type=float, metavar="COSINE")),
     resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"),
-    chosen_by_evaluation=("unknown_threshold",),
+    chosen_by_evaluation={"unknown_threshold": 0.5},
     variants={"shelf": shelf_preset},
 ))

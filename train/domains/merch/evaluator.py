@@ -113,7 +113,7 @@ class ShelfEvaluator(BatchEvaluator):
         scored.update(recognition_metrics.recognition_scores(truth, true_skus, boxes, scores, totals["sku"],
                                                              totals["sku_cosine"], threshold))
         if "planograms" in totals:
-            unknown = self.parts.config.merch.unknown_threshold  # unset: this evaluation's own choice
+            unknown = self.parts.config.merch.unknown_threshold  # unset (training's val): its own choice
             unknown = scored["unknown_threshold"] if unknown is None else unknown
             scored.update(compliance_metrics.compliance_scores(totals, threshold, unknown))
         return scored
