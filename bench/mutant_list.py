@@ -297,7 +297,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "a SKU the plan has elsewhere called foreign"),
     Mutant("chosen-threshold-not-read", "train/run.py", "_fill_chosen_options",
            "chosen.get(name, fallback)", "fallback",
-           ("tests/test_shelf_detector.py::test_the_unknown_threshold_chosen_on_val_is_saved_with_the_checkpoint_and_read_with_it",),
+           ("tests/test_shelf_detector.py::test_the_thresholds_chosen_on_val_are_saved_with_the_checkpoint_and_read_with_it",),
            "the checkpoint's val-chosen unknown_threshold left unread: predict falls back to 0.5"),
     Mutant("shelf-gap-at-its-left-neighbour", "train/domains/merch/alignment.py", "shelf_report",
            "(column.x1, top, column.x2, bottom)", "(column.x1 - 1, top, column.x2 - 1, bottom)",

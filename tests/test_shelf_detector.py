@@ -62,9 +62,9 @@ def test_the_loss_falls_and_evaluation_scores_the_detections(trained, devices):
     totals = evaluator.accumulate(params, source)
     assert totals["boxes"].shape == (8, 200, 4) and totals["true_boxes"].shape == (8, 160, 4)
     got = evaluator.metrics(totals)
-    assert set(got) == {"ap", "ap50", "ap75", "ar300", "count_mae", "count_error", "sku_top1", "open_set_accuracy",
-                        "unknown_threshold", "f1_ok", "f1_misplaced", "f1_foreign", "f1_out_of_stock", "f1_missing",
-                        "score_mae"}
+    assert set(got) == {"ap", "ap50", "ap75", "ar300", "count_mae", "count_error", "score_threshold", "detection_f1",
+                        "sku_top1", "open_set_accuracy", "unknown_threshold", "f1_ok", "f1_misplaced", "f1_foreign",
+                        "f1_out_of_stock", "f1_missing", "score_mae"}
     assert all(0 <= got[k] <= 1 for k in ("f1_ok", "f1_misplaced", "f1_foreign", "f1_out_of_stock", "score_mae"))
     assert 0 <= got["sku_top1"] <= 1 and 0 <= got["open_set_accuracy"] <= 1
     assert all(0 <= got[k] <= 1 for k in ("ap", "ap50", "ap75", "ar300")) and got["ap50"] >= got["ap75"]
@@ -78,49 +78,58 @@ def test_the_loss_falls_and_evaluation_scores_the_detections(trained, devices):
     assert evaluate_split(parts, params, source).keys() >= {"boxes", "scores"}
 
 
-def test_the_unknown_threshold_chosen_on_val_is_saved_with_the_checkpoint_and_read_with_it(trained, devices):
-    """Unset, merch.unknown_threshold is the checkpoint's own: what the val evaluation that saved it
-    chose (best_threshold over its matched facings), read back by evaluation, predict and export."""
+def test_the_thresholds_chosen_on_val_are_saved_with_the_checkpoint_and_read_with_it(trained, devices):
+    """Unset, merch.score_threshold and merch.unknown_threshold are the checkpoint's own: what the
+    val evaluation that saved it chose (the best detection F1; best_threshold over the facings
+    matched above that score), read back by evaluation, predict and export."""
     from triskele.eval.model import load_model
     from triskele.train.checkpoint import Checkpoints
     from triskele.train.config import CheckpointConfig
+    from triskele.train.domains.merch.detection_metrics import threshold_scores
     from triskele.train.domains.merch.recognition_metrics import best_threshold, match
 
     checkpoints = Checkpoints(trained / "checkpoints", CheckpointConfig(), read_only=True)
     step = checkpoints.latest_step()
     checkpoints.close()
     logged = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
-    saved = next(r["unknown_threshold"] for r in logged if r["step"] == step and "unknown_threshold" in r)
+    record = next(r for r in logged if r["step"] == step and "unknown_threshold" in r)
+    saved, saved_score = record["unknown_threshold"], record["score_threshold"]
     parts, params, _ = restore_params(trained, mesh_of("data=8"))
-    assert parts.config.merch.unknown_threshold == saved
-    assert json.loads((trained / "config.json").read_text())["merch"]["unknown_threshold"] is None
+    assert parts.config.merch.unknown_threshold == saved and parts.config.merch.score_threshold == saved_score
+    written = json.loads((trained / "config.json").read_text())["merch"]
+    assert written["unknown_threshold"] is None and written["score_threshold"] is None
     # The value is val's choice, recomputed here from the val split's detections.
     unset = restore_params(trained, mesh_of("data=8"), overrides={"data.eval_split": "val"})[0]
     totals = unset.domain.evaluator(unset, False).accumulate(params, unset.domain.open_split(unset.config, "val"))
+    truths = [boxes[valid > 0] for boxes, valid in zip(totals["true_boxes"], totals["box_valid"], strict=True)]
+    chosen_score = threshold_scores(truths, list(totals["boxes"]), list(totals["scores"]), None)["score_threshold"]
+    assert chosen_score == pytest.approx(saved_score) and 0.05 <= saved_score < 1
     cosines, right = [], []
     for i, valid in enumerate(totals["box_valid"]):
-        truth, skus = totals["true_boxes"][i][valid > 0], totals["true_skus"][i][valid > 0]
-        for t, d in match(truth, totals["boxes"][i], totals["scores"][i], parts.config.merch.score_threshold):
+        truth, skus = truths[i], totals["true_skus"][i][valid > 0]
+        for t, d in match(truth, totals["boxes"][i], totals["scores"][i], saved_score):
             cosines.append(totals["sku_cosine"][i][d])
             right.append(skus[t] >= 0 and totals["sku"][i][d] == skus[t])
     assert best_threshold(np.asarray(cosines, np.float64), np.asarray(right, bool))[0] == pytest.approx(saved)
-    assert load_model(trained, mesh="data=8").meta["options"]["unknown_threshold"] == saved
-    chosen = restore_params(trained, mesh_of("data=8"), overrides={"merch.unknown_threshold": 0.25})[0]
-    assert chosen.config.merch.unknown_threshold == 0.25  # a value given wins
+    options = load_model(trained, mesh="data=8").meta["options"]
+    assert options["unknown_threshold"] == saved and options["score_threshold"] == saved_score
+    chosen = restore_params(trained, mesh_of("data=8"),
+                            overrides={"merch.unknown_threshold": 0.25, "merch.score_threshold": 0.4})[0]
+    assert chosen.config.merch.unknown_threshold == 0.25 and chosen.config.merch.score_threshold == 0.4  # given wins
 
 
 def test_a_step_saved_unevaluated_gets_the_domains_threshold_and_a_cut_line_is_passed_over(tmp_path):
-    """Never a value chosen on the split being scored: without a val record for the step, 0.5."""
+    """Never a value chosen on the split being scored: without a val record for the step, 0.3 and 0.5."""
     from triskele.train.run import _fill_chosen_options
 
     config = shelf_config()
     _fill_chosen_options(config, tmp_path, 7)
-    assert config.merch.unknown_threshold == 0.5
-    record = json.dumps({"step": 7, "eval_loss": 1.0, "unknown_threshold": 0.375})
+    assert config.merch.unknown_threshold == 0.5 and config.merch.score_threshold == 0.3
+    record = json.dumps({"step": 7, "eval_loss": 1.0, "unknown_threshold": 0.375, "score_threshold": 0.25})
     (tmp_path / "metrics.jsonl").write_text(record + '\n{"step": 8, "lo')  # the last line cut short by a kill
     config = shelf_config()
     _fill_chosen_options(config, tmp_path, 7)
-    assert config.merch.unknown_threshold == 0.375
+    assert config.merch.unknown_threshold == 0.375 and config.merch.score_threshold == 0.25
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp4"])

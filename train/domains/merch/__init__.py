@@ -28,8 +28,11 @@ class MerchOptions:
     """shelf: the facings a detector record holds, padded (a photo with more is an error)."""
     max_detections: int = 1000
     """shelf: the heatmap peaks the detector decodes per image."""
-    score_threshold: float = 0.3
-    """shelf: the peak score from which a detection counts as a facing (count error, predict)."""
+    score_threshold: float | None = None
+    """shelf: the peak score from which a detection counts as a facing (count error, compliance,
+    predict). Unset, it is the one training's evaluation on val chose for the checkpoint (the
+    threshold of the best detection F1 at IoU 0.5, saved with it as the `score_threshold` metric;
+    0.3 for a step saved unevaluated)."""
     min_facings: int = 40
     """shelf, synthetic data: the facings a photo holds at least (products shrink to fit them)."""
     shelf_scale: float = 1.0
@@ -134,6 +137,6 @@ MERCH = register(Domain(
                    Flag("--unknown-threshold", "facing-detector runs: the cosine below which a facing is unknown "
                         "(default: the one chosen on val for the checkpoint)", type=float, metavar="COSINE")),
     resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"),
-    chosen_by_evaluation={"unknown_threshold": 0.5},
+    chosen_by_evaluation={"score_threshold": 0.3, "unknown_threshold": 0.5},
     variants={"shelf": shelf_preset},
 ))

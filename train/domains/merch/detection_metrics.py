@@ -1,6 +1,7 @@
 """Facing detection scored as SKU-110K scores it: COCO's AP (IoU 0.50:0.95), AP50, AP75 and AR at
 300 detections per image, computed by pycocotools (the maintained COCO evaluator, not a copy of
-it), and the count error per photo at the score threshold."""
+it), the score threshold from which a peak is a facing (chosen where detection F1 is highest), and
+the count error per photo at it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import numpy as np
 
 MAX_DETECTIONS = 300
 """SKU-110K's detections per image for AP and AR (Goldman et al. 2019)."""
-NAMES = ("ap", "ap50", "ap75", "ar300", "count_mae", "count_error")
+NAMES = ("ap", "ap50", "ap75", "ar300", "count_mae", "count_error", "score_threshold", "detection_f1")
+LOWEST_SCORE = 0.05
+"""Peaks below this are never facings: the threshold is chosen among the scores above it."""
 
 
 def _xywh(boxes: np.ndarray) -> np.ndarray:
@@ -60,3 +63,42 @@ def count_errors(truth: Sequence[np.ndarray], scores: Sequence[np.ndarray], thre
     found = np.array([int(np.sum(np.asarray(s) >= threshold)) for s in scores], np.float64)
     return {"count_mae": float(np.mean(np.abs(found - there))),
             "count_error": float(np.sum(np.abs(found - there)) / max(np.sum(there), 1))}
+
+
+def _ranked_hits(truth: Sequence[np.ndarray], boxes: Sequence[np.ndarray],
+                 scores: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Every photo's detections scoring LOWEST_SCORE or more, best first: (their scores, whether
+    each matches a facing at IoU >= 0.5). Matched best first, as COCO matches, a detection's match
+    does not depend on those below it, so the first i are the detections above any threshold."""
+    from triskele.train.domains.merch.recognition_metrics import match
+
+    hits, kept = [np.zeros(0, bool)], [np.zeros(0)]
+    for t, b, s in zip(truth, boxes, scores, strict=True):
+        s = np.asarray(s, np.float64)
+        true = np.zeros(len(s), bool)
+        true[[j for _, j in match(t, b, s, LOWEST_SCORE)]] = True
+        hits.append(true[s >= LOWEST_SCORE])
+        kept.append(s[s >= LOWEST_SCORE])
+    score, hit = np.concatenate(kept), np.concatenate(hits)
+    order = np.argsort(-score, kind="stable")
+    return score[order], hit[order]
+
+
+def threshold_scores(truth: Sequence[np.ndarray], boxes: Sequence[np.ndarray], scores: Sequence[np.ndarray],
+                     given: float | None) -> dict[str, float]:
+    """score_threshold: the peak score from which detections count as facings that makes the
+    most of them right over all photos, the highest detection F1 = 2 TP / (kept + there) (the
+    midpoint between two sorted scores); detection_f1 and the count errors at `given` or, unset,
+    at that one."""
+    score, hit = _ranked_hits(truth, boxes, scores)
+    there = sum(len(t) for t in truth)
+    f1 = 2 * np.cumsum(hit) / (np.arange(1, len(score) + 1) + max(there, 1))  # keeping the first i + 1
+    if len(score) == 0:
+        chosen = LOWEST_SCORE
+    else:
+        best = int(np.argmax(f1))
+        chosen = float((score[best] + score[best + 1]) / 2 if best + 1 < len(score) else score[best] - 1e-6)
+    used = chosen if given is None else given
+    kept = int(np.sum(score >= used))
+    return {"score_threshold": chosen, "detection_f1": float(f1[kept - 1]) if kept else 0.0,
+            **count_errors(truth, scores, used)}

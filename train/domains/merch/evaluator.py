@@ -94,8 +94,9 @@ class MerchEvaluator(BatchEvaluator):
 
 
 class ShelfEvaluator(BatchEvaluator):
-    """The facing detector over shelf photos: COCO's AP, AP50, AP75, AR@300 and the count error at
-    `merch.score_threshold`, from each photo's decoded detections and its true boxes; with
+    """The facing detector over shelf photos: COCO's AP, AP50, AP75, AR@300, the score threshold of
+    the best detection F1, and that F1 and the count error at `merch.score_threshold` (unset: the
+    threshold chosen), from each photo's decoded detections and its true boxes; with
     recognition, the SKUs of the facings it found (`recognition_metrics`)."""
 
     def __init__(self, parts: Any, for_report: bool = False):
@@ -104,9 +105,10 @@ class ShelfEvaluator(BatchEvaluator):
     def _metrics(self, totals: dict[str, Any]) -> dict[str, float]:
         truth = [boxes[valid > 0] for boxes, valid in zip(totals["true_boxes"], totals["box_valid"], strict=True)]
         boxes, scores = list(totals["boxes"]), list(totals["scores"])
-        threshold = self.parts.config.merch.score_threshold
+        given = self.parts.config.merch.score_threshold  # unset (training's val): its own choice
         scored = {**detection_metrics.coco_scores(truth, boxes, scores),
-                  **detection_metrics.count_errors(truth, scores, threshold)}
+                  **detection_metrics.threshold_scores(truth, boxes, scores, given)}
+        threshold = scored["score_threshold"] if given is None else given
         if "true_skus" not in totals:
             return scored
         true_skus = [skus[valid > 0] for skus, valid in zip(totals["true_skus"], totals["box_valid"], strict=True)]
