@@ -4,7 +4,6 @@ the evaluation is the model's over the split, its metrics `triskele.train.domain
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 from pathlib import Path
@@ -178,6 +177,7 @@ class MerchIO:
         return row
 
     def _write_shelf(self, unit, planogram: dict, embeddings: np.ndarray, out_dir: Path) -> dict[str, Any]:
+        from triskele.eval.domains.merch.legend import overlay_png
         from triskele.train.bookkeeping.files import write_atomically
         from triskele.train.data.images import open_image
 
@@ -187,10 +187,9 @@ class MerchIO:
         rows, cols = len(planogram["rows"]), len(planogram["rows"][0])
         report = compliance_report(np.array(planogram["rows"], dtype=object), found.reshape(rows, cols))
         write_atomically(out_dir / unit.named(".json"), (json.dumps(report, indent=2) + "\n").encode())
-        buffer = io.BytesIO()
-        shelf_overlay(open_image(unit.paths[0], self.limits), report, planogram["grid"],
-                      self.limits.image_pixels).save(buffer, format="PNG")
-        write_atomically(out_dir / unit.named(".png"), buffer.getvalue())
+        picture = shelf_overlay(open_image(unit.paths[0], self.limits), report, planogram["grid"],
+                                self.limits.image_pixels)
+        write_atomically(out_dir / unit.named(".png"), overlay_png(picture))
         return {"shelf": unit.key, "compliance": report["compliance"]}
 
     def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:

@@ -1,6 +1,8 @@
-"""The legend band beneath an overlay picture: colour swatches and lines of text."""
+"""The legend band beneath an overlay picture: colour swatches and lines of text; the picture's PNG."""
 
 from __future__ import annotations
+
+import io
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -25,3 +27,11 @@ def with_legend(photo: Image.Image, lines: list[tuple[tuple[int, int, int] | Non
         draw.text((line // 4 + (face.size + line // 4 if colour is not None else 0), y), text, fill=(0, 0, 0),
                   font=face)
     return canvas
+
+
+def overlay_png(picture: Image.Image) -> bytes:
+    """An overlay as PNG bytes at zlib level 1: about 3x faster to encode than PIL's default 6 on a
+    shelf overlay, about a tenth larger; predict encodes one per photo beside the model."""
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()

@@ -9,7 +9,6 @@ facing outlined in its status's colour, each shelf gap crossed, a legend, the sc
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -134,6 +133,7 @@ class ShelfIO:
         return photo_tiles(photo, self.tile, self.overlap), {"shelves": shelves, "size": photo.shape[:2]}
 
     def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
+        from triskele.eval.domains.merch.legend import overlay_png
         from triskele.train.bookkeeping.files import write_atomically
         from triskele.train.data.images import open_image
 
@@ -143,9 +143,8 @@ class ShelfIO:
         report = shelf_report(boxes / self.scale, scores, skus, cosines, context["shelves"])
         write_atomically(out_dir / unit.named(".json"), (json.dumps({"photo": unit.key, **report}, indent=2)
                                                           + "\n").encode())
-        buffer = io.BytesIO()
-        shelf_overlay(open_image(unit.paths[0], self.limits), report).save(buffer, format="PNG")
-        write_atomically(out_dir / unit.named(".png"), buffer.getvalue())
+        write_atomically(out_dir / unit.named(".png"), overlay_png(shelf_overlay(open_image(unit.paths[0], self.limits),
+                                                                               report)))
         return {"photo": unit.key, "found": report["found"], **{k: report[k] for k in ("planned", "counts", "score")
                                                                  if k in report}}
 
