@@ -102,7 +102,8 @@ class FacingDetector(nnx.Module):
     token to its (patch/stride)^2 cells) and, projected, added back at their own stride (nearest
     upsampled), so each cell sees its patch's context and its own detail; a 3x3 convolution of each
     cell's stride x stride pixels (space to depth: an average would blur the edges between narrow
-    facings) adds the product edges. A 3x3 convolution then three 1x1 heads.
+    facings) adds the product edges. Two 3x3 convolutions (one alone: AP 0.31 against 0.39 after
+    500 steps of merch-shelf-tiny) then three 1x1 heads.
 
     With `num_classes` (the training catalogue's SKUs) a branch of its own (a 3x3 convolution of
     the same features, so recognition does not pull on the detection head) gives every cell a unit
@@ -127,6 +128,7 @@ class FacingDetector(nnx.Module):
         self.lateral = Dense((cfg.width,), (channels,), ("embed",), (None,), dtype=dt, rngs=rngs)
         self.edges = Conv(cfg.channels * stride * stride, channels, dtype=dt, rngs=rngs)
         self.fuse = Conv(2 * channels, channels, dtype=dt, rngs=rngs)
+        self.refine = Conv(channels, channels, dtype=dt, rngs=rngs)
         prior = nnx.initializers.constant(math.log(centernet.PRIOR / (1 - centernet.PRIOR)))
         # Zero weights and the prior's logit as bias: every cell starts at the prior (CenterNet's -2.19).
         self.heatmap = Conv(channels, 1, 1, dtype=dt, rngs=rngs, kernel_init=nnx.initializers.zeros, bias_init=prior)
@@ -157,6 +159,7 @@ class FacingDetector(nnx.Module):
                                     jax.nn.gelu(self.edges(pixels), approximate=False).astype(fine.dtype)], -1)
         features = constrain(features, "batch", "height", "width", "channels")
         h = jax.nn.gelu(self.fuse(features), approximate=False)
+        h = jax.nn.gelu(self.refine(h), approximate=False)
         maps = {"heatmap": self.heatmap(h)[..., 0].astype(jnp.float32),
                 "offset": self.offset(h).astype(jnp.float32), "log_size": self.log_size(h).astype(jnp.float32)}
         if self.recognises:
@@ -205,7 +208,7 @@ class FacingDetector(nnx.Module):
         cfg, c, s = self.cfg, self.channels, self.stride
         cells = (cfg.image_size // s) ** 2
         upsample = 2.0 * cfg.grid**2 * cfg.width * (cfg.patch // s) ** 2 * c
-        convs = 2.0 * cells * 9 * (cfg.channels * s * s * c + 2 * c * c) + 2.0 * cells * c * 5
+        convs = 2.0 * cells * 9 * (cfg.channels * s * s * c + 3 * c * c) + 2.0 * cells * c * 5
         if self.recognises:  # the embedding head and each cell's cosines to the SKU centres
             embed_dim, classes = self.centers.shape
             convs += 2.0 * cells * (9 * 2 * c * c + embed_dim * (c + classes))
