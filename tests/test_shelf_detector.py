@@ -155,8 +155,9 @@ def test_the_quantized_detector_finds_the_float_detectors_facings(fmt, trained, 
     assert np.median(np.abs(same_cell)) < 0.5, np.median(np.abs(same_cell))
 
 
-SCORE_ERROR = {"int8": 1e-3, "fp4": 0.3}
-"""The largest top-20 score error allowed per format; measured on this fixture: int8 5.0e-5, fp4 0.219."""
+SCORE_ERROR = {"int8": 1e-2, "fp4": 0.3}
+"""The largest top-20 score error allowed per format; measured on this fixture: int8 2.4e-3, fp4 9.2e-4
+(the detector before its refine convolution and space-to-depth edges: 5.0e-5 and 0.219)."""
 
 
 def write_photo(folder: Path, name: str, index: int, planogram=None) -> ShelfPhoto:
@@ -209,6 +210,14 @@ def test_gallery_then_predict_on_shelf_photos_writes_reports_overlays_and_compli
     assert eval_main([*predict[:6], str(zoomed), "--mesh", "data=8", "--no-progress", "--shelf-scale", "2"]) == 1
     bay = json.loads((zoomed / "bay0.json").read_text())
     assert bay["found"] > 0 and all(0 <= v <= 144 for f in bay["facings"] for v in f["box"][::2])
+    # A score threshold given over the val-chosen one keeps the facings above it (the report's
+    # confidences are rounded to 4 decimals: the cut sits between two such values).
+    confidences = [f["confidence"] for f in report["facings"]]
+    stricter, cut = tmp_path / "stricter", round(float(np.median(confidences)), 4) + 0.00005
+    assert eval_main([*predict[:6], str(stricter), "--mesh", "data=8", "--no-progress", "--score-threshold",
+                      str(cut)]) == 1
+    strict = json.loads((stricter / "bay0.json").read_text())
+    assert strict["found"] == sum(c > cut for c in confidences) < report["found"]
     # Exported (jax.export, carrying the gallery), the detector writes the same reports, alone.
     exported = export_model(workdir, tmp_path / "shelf.jax", batch="dynamic")["output"]
     alone = tmp_path / "alone"

@@ -93,7 +93,8 @@ class ShelfIO:
 
     def __init__(self, meta: dict[str, Any], workdir: Path | None, limits: InputLimits | None = None,
                  given: dict[str, Any] | None = None):
-        """`given`: predict's flags (`--shelf-scale`, `--unknown-threshold`) over the run's options."""
+        """`given`: predict's flags (`--shelf-scale`, `--score-threshold`, `--unknown-threshold`) over the
+        run's options."""
         from triskele.eval.domains.merch.gallery import run_gallery
         from triskele.train.data.images import IMAGE_SUFFIXES
 

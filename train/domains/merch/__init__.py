@@ -134,6 +134,8 @@ MERCH = register(Domain(
     inference="triskele.eval.domains.merch", eval_commands=("gallery",),
     predict_flags=(Flag("--shelf-scale", "facing-detector runs: resize each photo by this before tiling (default: "
                         "the run's merch.shelf_scale)", type=float, metavar="FACTOR"),
+                   Flag("--score-threshold", "facing-detector runs: the peak score from which a detection is a facing "
+                        "(default: the one chosen on val for the checkpoint)", type=float, metavar="SCORE"),
                    Flag("--unknown-threshold", "facing-detector runs: the cosine below which a facing is unknown "
                         "(default: the one chosen on val for the checkpoint)", type=float, metavar="COSINE")),
     resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"),
