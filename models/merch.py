@@ -114,7 +114,7 @@ class FacingDetector(nnx.Module):
 
     normalisation = "fixed"
 
-    def __init__(self, cfg: ViTConfig, *, stride: int = 4, channels: int = 32, max_boxes: int = 1024,
+    def __init__(self, cfg: ViTConfig, *, stride: int = 4, channels: int = 48, max_boxes: int = 1024,
                  max_detections: int = 1000, num_classes: int = 0, embed_dim: int = 64, margin: float = 0.3,
                  scale: float = 24.0, rngs: nnx.Rngs):
         if cfg.patch % stride:
