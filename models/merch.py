@@ -102,8 +102,9 @@ class FacingDetector(nnx.Module):
     token to its (patch/stride)^2 cells) and, projected, added back at their own stride (nearest
     upsampled), so each cell sees its patch's context and its own detail; a 3x3 convolution of each
     cell's stride x stride pixels (space to depth: an average would blur the edges between narrow
-    facings) adds the product edges. Two 3x3 convolutions (one alone: AP 0.31 against 0.39 after
-    500 steps of merch-shelf-tiny) then three 1x1 heads.
+    facings) adds the product edges. Two 3x3 convolutions of `channels` then three 1x1 heads (after
+    500 steps of merch-shelf-tiny, val AP: one convolution of 32, 0.31; two of 32, 0.39; two of
+    48, 0.47).
 
     With `num_classes` (the training catalogue's SKUs) a branch of its own (a 3x3 convolution of
     the same features, so recognition does not pull on the detection head) gives every cell a unit

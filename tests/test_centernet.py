@@ -114,6 +114,31 @@ def test_boxes_drawn_by_hand_decode_back():
     assert scores[len(BOXES)] < 0.5  # no fifth peak above the threshold: the Gaussians' shoulders are no peaks
 
 
+def test_fast_nms_zeroes_a_box_a_higher_one_overlaps_and_keeps_its_neighbours():
+    """Sorted best first: box 1 overlaps box 0 by IoU 9/11, box 3 overlaps box 0 by 8/12 (and box 1,
+    itself suppressed, by 9/11: a suppressed box still suppresses); box 2 touches no other."""
+    boxes = jnp.array([[[0, 0, 10, 10], [1, 0, 11, 10], [20, 0, 30, 10], [2, 0, 12, 10]]], jnp.float32)
+    scores = jnp.array([[0.9, 0.8, 0.7, 0.6]])
+    np.testing.assert_allclose(centernet.fast_nms(boxes, scores, 0.5), [[0.9, 0.0, 0.7, 0.0]])
+    np.testing.assert_allclose(centernet.fast_nms(boxes, scores, 0.85), scores)  # none above 0.85
+
+
+def test_a_facing_that_peaks_twice_decodes_once():
+    """Two peaks two cells apart on one wide box (a heatmap's ridge can do that): the lower one's
+    box overlaps the higher one's by IoU 8/12, so it comes back scored 0, the rest best first."""
+    heat = np.full((1, *GRID), -9.0, np.float32)
+    heat[0, 4, 4], heat[0, 4, 6], heat[0, 10, 10] = 3.0, 2.0, 1.0
+    log_size = np.zeros((1, *GRID, 2), np.float32)
+    log_size[0, 4, 4] = log_size[0, 4, 6] = np.log([10.0, 4.0])  # 10 x 4 cells, 2 cells apart
+    outputs = {"heatmap": jnp.asarray(heat), "offset": jnp.zeros((1, *GRID, 2)), "log_size": jnp.asarray(log_size)}
+    boxes, scores, cells = centernet.decode(outputs, STRIDE, k=3)
+    expected = jax.nn.sigmoid(jnp.array([3.0, 1.0]))
+    np.testing.assert_allclose(np.asarray(scores)[0, :2], expected, rtol=1e-6)
+    assert float(scores[0, 2]) == 0.0 and list(np.asarray(cells)[0]) == [4 * GRID[1] + 4, 10 * GRID[1] + 10,
+                                                                        4 * GRID[1] + 6]
+    np.testing.assert_allclose(np.asarray(boxes)[0, 0], np.array([4 - 5, 4 - 2, 4 + 5, 4 + 2]) * STRIDE, atol=1e-5)
+
+
 def test_the_loss_of_the_perfect_maps_is_lowest():
     boxes, valid = padded(BOXES, 16)
     target = centernet.targets(boxes[None], valid[None], STRIDE, GRID)

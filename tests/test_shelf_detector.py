@@ -135,8 +135,8 @@ def test_a_step_saved_unevaluated_gets_the_domains_threshold_and_a_cut_line_is_p
 @pytest.mark.parametrize("fmt", ["int8", "fp4"])
 def test_the_quantized_detector_finds_the_float_detectors_facings(fmt, trained, tmp_path, devices):
     """The detector's Dense kernels quantized: the test photos' top detections keep their boxes and
-    scores to within the format's rounding (measured: see SCORE_ERROR), and the val-chosen threshold
-    travels with the copy."""
+    scores to within the format's rounding (measured: see SCORE_ERROR), and the val-chosen thresholds
+    travel with the copy."""
     from triskele.eval.quantize import quantize_checkpoint
 
     summary = quantize_checkpoint(trained, fmt, output=tmp_path / fmt, mesh="data=8")
@@ -147,7 +147,8 @@ def test_the_quantized_detector_finds_the_float_detectors_facings(fmt, trained, 
         results.append((parts, evaluate_split(parts, params, parts.domain.open_split(parts.config, "test"))))
     (float_parts, reference), (quantized_parts, got) = results
     assert quantized_parts.config.model.quantization == fmt
-    assert quantized_parts.config.merch.unknown_threshold == float_parts.config.merch.unknown_threshold is not None
+    for chosen in ("unknown_threshold", "score_threshold"):
+        assert getattr(quantized_parts.config.merch, chosen) == getattr(float_parts.config.merch, chosen) is not None
     top = slice(0, 20)  # each photo's 20 highest peaks: the facings it finds
     score_error = np.abs(got["scores"][:, top] - reference["scores"][:, top]).max()
     assert score_error < SCORE_ERROR[fmt], score_error
