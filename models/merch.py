@@ -90,7 +90,8 @@ class SkuRecognizer(nnx.Module):
 
 RECOGNITION_WEIGHT = 0.3
 """The CosFace loss's weight beside the detection loss (both summed per facing): detection first
-(at 0.1 the embedding trained too slowly: SKU top-1 0.42 after 500 steps against 0.80 at 0.3)."""
+(at 0.1 the embedding trained too slowly: SKU top-1 0.42 after 500 steps of merch-shelf-tiny, 0.80
+at 0.3, both with the embedding read off the detection head's features)."""
 
 
 class FacingDetector(nnx.Module):
