@@ -35,6 +35,8 @@ def _evaluate(parser):
     parser.add_argument("--split", default="test",
                         help="split to evaluate: test (default; the report's), val (held out of the training "
                              "data: what training selected its best checkpoint on) or train")
+    parser.add_argument("--output", metavar="DIR", help="folder for the report and its pictures (default: "
+                        "WORKDIR/eval/<step>; needed where the run's folder is read-only)")
     flags = {name: domain.evaluate_flags for name, domain in domains().items()}
     add_domain_flags(parser, flags)
 
@@ -42,7 +44,7 @@ def _evaluate(parser):
         from triskele.eval.evaluate import evaluate_checkpoint
 
         options = {flag.dest: getattr(a, flag.dest) for domain_flags in flags.values() for flag in domain_flags}
-        return evaluate_checkpoint(a.workdir, a.mesh, a.data, a.split, a.step, **options)
+        return evaluate_checkpoint(a.workdir, a.mesh, a.data, a.split, a.step, a.output, **options)
 
     return run
 

@@ -4,6 +4,7 @@ artifacts; predict with the streaming engine."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,13 @@ def evaluate_checkpoint(
     data: str | None = None,
     split: str = "test",
     step: int | None = None,
+    output: str | Path | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Restores the latest (or `step`) checkpoint of `workdir` onto `mesh` (default: all local
     devices on `data`; `auto`: the planner's pick), evaluates `split` of its data (or of `data`),
-    writes the report, returns it.
+    writes the report to `output` (default WORKDIR/eval/<step>; a run store that cannot be written,
+    mounted read-only, needs one, and is told so before the evaluation), returns it.
     The whole state is read, so that a damaged checkpoint is reported even where its parameters
     alone would still read.
 
@@ -48,12 +51,14 @@ def evaluate_checkpoint(
         parts, state, step = restore_run(workdir, None if mesh == AUTO else make_mesh(mesh or ""), step,
                                          {**overrides, **_flag_overrides(given)}, choose_mesh=resolve_auto_mesh)
         stop.raise_if_requested()
+        out_dir = Path(output) if output is not None else workdir / "eval" / str(step)
+        if jax.process_index() == 0:
+            _make_writable_folder(out_dir, given=output is not None)
         params = state.params
         evaluator = parts.domain.evaluator(parts, True)
         source = tolerant(parts.domain.open_split(parts.config, split), parts.config.data.bad_records, split)
         totals = evaluator.accumulate(params, source, stop)
         stop.raise_if_requested()
-    out_dir = workdir / "eval" / str(step)
     report = {
         "domain": parts.config.domain,
         "step": step,
@@ -69,11 +74,23 @@ def evaluate_checkpoint(
         **evaluator.report(totals),
     }
     if jax.process_index() == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
         report["files"] = evaluator.write_artifacts(params, source, totals, out_dir)
         write_atomically(out_dir / "report.json", (json.dumps(report, indent=2) + "\n").encode())
     report["report"] = str(out_dir / "report.json")
     return report
+
+
+def _make_writable_folder(folder: Path, given: bool) -> None:
+    """Makes `folder`, or a ValueError naming it and the fix when it cannot be written to."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        writable = os.access(folder, os.W_OK)
+        reason = "it is not writable (a read-only mount?)"
+    except OSError as err:
+        writable, reason = False, err.strerror or str(err)
+    if not writable:
+        fix = "give another" if given else "give --output DIR (Python: output=DIR) for the report"
+        raise ValueError(f"the evaluation report cannot be written to {folder}: {reason}; {fix}")
 
 
 def _flag_overrides(given: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -63,6 +64,25 @@ def _square_resize_mious(model) -> tuple[float, float]:
         return float(np.mean(hits[union > 0] / union[union > 0]))
 
     return miou(logits.argmax(-1)), miou(logits.argmin(-1))
+
+
+def test_a_run_folder_that_cannot_take_the_report_is_named_before_evaluating_and_output_is_the_way(
+        trained, tmp_path, capsys):
+    """A run store the report cannot be written to (read-only as mounted; here its eval/ blocked by
+    a file, which fails as well for root) is refused before the evaluation, naming the folder and
+    --output; with --output the report and pictures go there and the run's folder is left alone."""
+    workdir = tmp_path / "run"
+    shutil.copytree(trained, workdir, ignore=shutil.ignore_patterns("eval"))
+    (workdir / "eval").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"cannot be written to .*eval/4: .*give --output DIR"):
+        evaluate_checkpoint(workdir, mesh="data=8")
+    assert eval_main(["--workdir", str(workdir), "--mesh", "data=8"]) == 2
+    assert "give --output DIR" in capsys.readouterr().err
+    out = tmp_path / "report"
+    assert eval_main(["--workdir", str(workdir), "--mesh", "data=8", "--output", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["step"] == 4 and all((out / name).is_file() for name in report["files"]) and report["files"]
+    assert (workdir / "eval").read_text() == "not a folder"
 
 
 def test_evaluation_on_another_mesh_gives_the_same_metrics(trained, devices):
