@@ -53,7 +53,7 @@ def evaluate_checkpoint(
         stop.raise_if_requested()
         out_dir = Path(output) if output is not None else workdir / "eval" / str(step)
         if jax.process_index() == 0:
-            _make_writable_folder(out_dir, given=output is not None)
+            _check_writable(out_dir, given=output is not None)
         params = state.params
         evaluator = parts.domain.evaluator(parts, True)
         source = tolerant(parts.domain.open_split(parts.config, split), parts.config.data.bad_records, split)
@@ -74,21 +74,22 @@ def evaluate_checkpoint(
         **evaluator.report(totals),
     }
     if jax.process_index() == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
         report["files"] = evaluator.write_artifacts(params, source, totals, out_dir)
         write_atomically(out_dir / "report.json", (json.dumps(report, indent=2) + "\n").encode())
     report["report"] = str(out_dir / "report.json")
     return report
 
 
-def _make_writable_folder(folder: Path, given: bool) -> None:
-    """Makes `folder`, or a ValueError naming it and the fix when it cannot be written to."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        writable = os.access(folder, os.W_OK)
-        reason = "it is not writable (a read-only mount?)"
-    except OSError as err:
-        writable, reason = False, err.strerror or str(err)
-    if not writable:
+def _check_writable(folder: Path, given: bool) -> None:
+    """A ValueError naming `folder` and the fix when it could not be made and written to; nothing
+    is made here, so that an evaluation stopped before its report leaves no folder behind."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    reason = (f"{existing} is not a folder" if not existing.is_dir()
+              else f"{existing} is not writable (a read-only mount?)" if not os.access(existing, os.W_OK) else None)
+    if reason:
         fix = "give another" if given else "give --output DIR (Python: output=DIR) for the report"
         raise ValueError(f"the evaluation report cannot be written to {folder}: {reason}; {fix}")
 
