@@ -10,6 +10,7 @@ import io
 from collections.abc import Sequence
 
 import numpy as np
+from triskele.train.domains.merch.recognition_metrics import match
 
 MAX_DETECTIONS = 300
 """SKU-110K's detections per image for AP and AR (Goldman et al. 2019)."""
@@ -70,8 +71,6 @@ def _ranked_hits(truth: Sequence[np.ndarray], boxes: Sequence[np.ndarray],
     """Every photo's detections scoring LOWEST_SCORE or more, best first: (their scores, whether
     each matches a facing at IoU >= 0.5). Matched best first, as COCO matches, a detection's match
     does not depend on those below it, so the first i are the detections above any threshold."""
-    from triskele.train.domains.merch.recognition_metrics import match
-
     hits, kept = [np.zeros(0, bool)], [np.zeros(0)]
     for t, b, s in zip(truth, boxes, scores, strict=True):
         s = np.asarray(s, np.float64)
@@ -89,7 +88,7 @@ def threshold_scores(truth: Sequence[np.ndarray], boxes: Sequence[np.ndarray], s
     """score_threshold: the peak score from which detections count as facings that makes the
     most of them right over all photos, the highest detection F1 = 2 TP / (kept + there) (the
     midpoint between two sorted scores); detection_f1 and the count errors at `given` or, unset,
-    at that one."""
+    at that one (detection_f1 counts only the detections from LOWEST_SCORE up)."""
     score, hit = _ranked_hits(truth, boxes, scores)
     there = sum(len(t) for t in truth)
     f1 = 2 * np.cumsum(hit) / (np.arange(1, len(score) + 1) + max(there, 1))  # keeping the first i + 1
