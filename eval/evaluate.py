@@ -61,6 +61,7 @@ def evaluate_checkpoint(
         stop.raise_if_requested()
     report = {
         "domain": parts.config.domain,
+        "workdir": str(workdir.resolve()),  # the run evaluated: a report in --output names its model
         "step": step,
         "split": split,
         "records": len(source),

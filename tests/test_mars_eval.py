@@ -82,6 +82,7 @@ def test_a_run_folder_that_cannot_take_the_report_is_named_before_evaluating_and
     assert eval_main(["--workdir", str(workdir), "--mesh", "data=8", "--output", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["step"] == 4 and all((out / name).is_file() for name in report["files"]) and report["files"]
+    assert report["workdir"] == str(workdir.resolve())  # the report names the run it scores
     assert (workdir / "eval").read_text() == "not a folder"
 
 
