@@ -319,4 +319,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "best = int(np.argmax(f1))", "best = int(np.argmin(f1))",
            ("tests/test_detection_metrics.py::test_the_score_threshold_is_chosen_where_detection_f1_is_highest",),
            "the score threshold chosen where detection F1 is lowest"),
+    Mutant("evaluate-report-folder-unchecked", "eval/evaluate.py", "_check_writable",
+           "    if reason:\n", "    if reason and False:\n",
+           ("tests/test_mars_eval.py::test_a_run_folder_that_cannot_take_the_report_is_named_before_evaluating_and_output_is_the_way",),
+           "a run folder the report cannot be written to found out only after the evaluation, as an OSError"),
 )
