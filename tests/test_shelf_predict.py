@@ -2,9 +2,12 @@
 made by hand: references embedded on a canvas, tiles merged with each facing's own embedding,
 facings recognised or unknown, rows judged against the plan."""
 
+import io
+
 import numpy as np
 import pytest
 from PIL import Image
+from triskele.eval.domains.merch.legend import overlay_png
 from triskele.eval.domains.merch.references import REFERENCE_ROWS, reference_canvas, reference_embedding
 from triskele.eval.domains.merch.shelf import COLOURS, facings_of, photo_tiles, recognise, shelf_overlay
 from triskele.train.domains.merch.alignment import shelf_report
@@ -99,3 +102,14 @@ def test_the_overlay_outlines_each_facing_in_its_status_colour_and_crosses_the_g
     assert tuple(overlay[200, 0]) == COLOURS["ok"] and tuple(overlay[200, 200]) == COLOURS["foreign"]
     assert tuple(overlay[200, 500]) == COLOURS["out_of_stock"]  # the gap's cross, at its centre
     assert tuple(overlay[100, 500]) == (255, 255, 255)  # inside the gap, off the cross: the photo
+
+
+def test_an_overlay_png_decodes_to_its_very_pixels():
+    rng = np.random.default_rng(0)
+    for height, width in ((1, 1), (37, 53), (283, 256)):  # random bytes: every Sub difference wraps somewhere
+        pixels = rng.integers(0, 256, (height, width, 3), np.uint8)
+        decoded = Image.open(io.BytesIO(overlay_png(Image.fromarray(pixels))))
+        assert decoded.mode == "RGB" and decoded.size == (width, height)
+        np.testing.assert_array_equal(np.asarray(decoded), pixels)
+    grey = Image.new("L", (9, 4), 77)  # a picture in another mode is written as its RGB
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(overlay_png(grey)))), np.full((4, 9, 3), 77))
