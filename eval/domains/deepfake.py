@@ -67,7 +67,7 @@ class DeepfakeIO:
         from triskele.train.domains.deepfake.data import sample_uniformly
 
         def model_input(crop) -> np.ndarray:
-            picture = open_image(crop, self.limits) if isinstance(crop, Path) else Image.fromarray(crop)
+            picture = Image.fromarray(crop) if isinstance(crop, np.ndarray) else open_image(crop, self.limits)
             return to_model_input(picture, self.size, 3)
 
         found = _Found(names, boxes, sampled, len(crops))
@@ -95,6 +95,17 @@ class DeepfakeIO:
             return records, found
         chosen = sample_uniformly(list(unit.paths), self.per_video)
         return self._records(chosen, [p.name for p in chosen], [""] * len(chosen), len(chosen))
+
+    @property
+    def serving_outputs(self) -> dict[str, tuple[str, list[int]]]:
+        """What the server answers for one face image (`respond`): name -> (datatype, shape)."""
+        if self.clip != 1:
+            raise ValueError(f"serving scores single face images, with a frame model; this run's model scores clips "
+                             f"of model.frames={self.clip} frames (videos are not served yet)")
+        return {"fake_probability": ("FP32", [])}
+
+    def respond(self, found: _Found, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"fake_probability": np.asarray(outputs["fake_probability"][0], np.float32)}
 
     def write(self, unit, found: _Found, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
         import io

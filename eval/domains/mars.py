@@ -80,11 +80,22 @@ class MarsIO:
         return (softmax(frame_logits(plain, frame_shape, native_shape, self.stride))
                 + softmax(frame_logits(mirrored[:, :, ::-1], frame_shape, native_shape, self.stride))) / 2
 
+    def mask(self, context, outputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The class index of every pixel of the image at its own size (uint8, height x width)."""
+        frame_shape, native_shape = context
+        return self.probabilities(outputs["logits"], frame_shape, native_shape).argmax(-1).astype(np.uint8)
+
+    serving_outputs = {"mask": ("UINT8", [-1, -1])}
+    """What the server answers for one image (`respond`): name -> (datatype, shape; -1 varies)."""
+
+    def respond(self, context, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"mask": self.mask(context, outputs)}
+
     def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
         from triskele.train.bookkeeping.files import write_atomically
 
-        frame_shape, native_shape = context
-        mask = self.probabilities(outputs["logits"], frame_shape, native_shape).argmax(-1).astype(np.uint8)
+        native_shape = context[1]
+        mask = self.mask(context, outputs)
         name = unit.named(".png")
         write_atomically(out_dir / name, mask_png(mask))
         row = {"input": unit.key, "mask": name, "height": native_shape[0], "width": native_shape[1],

@@ -166,12 +166,33 @@ class MerchIO:
             return facing_crops(path, planogram, self.size, self.limits), planogram
         return read_image(path, self.size, 3, self.limits)[None], None
 
+    def _top_classes(self, probs: np.ndarray) -> list[tuple[str, float]]:
+        """The 5 most probable training classes with their probabilities, most probable first."""
+        return [(self.names[j], float(probs[j])) for j in np.argsort(-probs)[:5]]
+
+    @property
+    def serving_outputs(self) -> dict[str, tuple[str, list[int]]]:
+        """What the server answers for one crop (`respond`): name -> (datatype, shape; -1 varies)."""
+        return {"sku": ("BYTES", [-1]), "score": ("FP32", [-1]), "embedding": ("FP32", [-1])}
+
+    def respond(self, context, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A crop's 5 SKUs and scores as predictions.csv ranks them (the gallery's nearest by cosine
+        similarity when the run has an index, else the top training classes by probability), and
+        its embedding; shelf photos are not served yet."""
+        if context is not None:
+            raise ValueError("shelf photos with a planogram are not served yet; send product crops")
+        embedding = outputs["embedding"][0]
+        ranked = (nearest_skus(embedding, self.gallery) if self.gallery is not None
+                  else self._top_classes(outputs["probabilities"][0]))
+        return {"sku": np.array([name for name, _ in ranked], dtype=object),
+                "score": np.array([score for _, score in ranked], np.float32), "embedding": embedding}
+
     def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
         if context is not None:
             return self._write_shelf(unit, context, outputs["embedding"], out_dir)
         probs = outputs["probabilities"][0]
-        classes = [self.names[j] for j in np.argsort(-probs)[:5]]
-        row = {"image": unit.key, "classes": classes, "class_probability": float(np.max(probs))}
+        row = {"image": unit.key, "classes": [name for name, _ in self._top_classes(probs)],
+               "class_probability": float(np.max(probs))}
         if self.gallery is not None:
             row["gallery"] = nearest_skus(outputs["embedding"][0], self.gallery)
         return row
