@@ -1,10 +1,11 @@
-"""`python -m triskele.eval` (evaluate a checkpoint) and its commands: predict, quantize, export (a
+"""`python -m triskele.eval` (evaluate a checkpoint) and its commands: predict, serve, quantize, export (a
 jax.export serving artifact), export-weights (the backbone as timm safetensors), and each domain's
 own (merch's gallery). Domains add their evaluate and predict flags from their specs."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -82,6 +83,46 @@ def _predict(parser):
     return run
 
 
+def _serve(parser):
+    from triskele.eval.defaults import ServeOptions
+
+    d = dataclasses.asdict(ServeOptions())
+
+    parser.add_argument("--exported", metavar="FILE", help="serve this exported model instead of a checkpoint")
+    parser.add_argument("--host", default=d["host"], help=f"address to bind (default {d['host']}: this machine only)")
+    parser.add_argument("--port", type=int, default=d["port"], help=f"port (default {d['port']})")
+    parser.add_argument("--name", help="the model's name in the routes (default: the run's domain)")
+    parser.add_argument("--max-batch", type=int, default=d["max_batch"],
+                        help="largest batch compiled; sizes are data x fsdp devices times 1, 2, 4, ... up to it "
+                             f"(default {d['max_batch']})")
+    parser.add_argument("--max-delay-ms", type=float, default=d["max_delay_ms"],
+                        help=f"longest a request waits for others to batch with (default {d['max_delay_ms']})")
+    parser.add_argument("--max-queue", type=int, default=d["max_queue"],
+                        help=f"requests waiting at most; more get 503 (default {d['max_queue']})")
+    parser.add_argument("--timeout-seconds", type=float, default=d["timeout_seconds"],
+                        help=f"a request's deadline; later is 504 (default {d['timeout_seconds']})")
+    parser.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"],
+                        help=f"largest request body; larger is 413 (default {d['max_body_bytes']:,})")
+    parser.add_argument("--token-file", help="a file holding the bearer token the model and infer routes require")
+    parser.add_argument("--threads", type=int, default=d["threads"],
+                        help=f"threads decoding requests (default {d['threads']})")
+    parser.add_argument("--drain-seconds", type=float, default=d["drain_seconds"],
+                        help="on SIGTERM, time to answer the requests accepted before exiting "
+                             f"(default {d['drain_seconds']})")
+    add_limits_flag(parser)
+
+    def run(a):
+        from triskele.eval.serving.server import serve
+
+        options = ServeOptions(host=a.host, port=a.port, name=a.name, max_batch=a.max_batch,
+                               max_delay_ms=a.max_delay_ms, max_queue=a.max_queue, timeout_seconds=a.timeout_seconds,
+                               max_body_bytes=a.max_body_bytes, token_file=a.token_file, threads=a.threads,
+                               drain_seconds=a.drain_seconds)
+        return serve(a.workdir, a.exported, a.mesh, a.step, options, input_limits(a.set))
+
+    return run
+
+
 def _distributed(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("several processes (each predicts its share of the inputs)")
     add_coordinator_flags(group)
@@ -133,6 +174,7 @@ def _export_weights(parser):
 
 SHARED = {
     "predict": Command("Predict every image of a folder with a checkpoint or an exported model.", _predict),
+    "serve": Command("Serve a checkpoint or an exported model over HTTP (Open Inference Protocol v2).", _serve),
     "quantize": Command("Write a weight-quantized copy of a checkpoint for inference.", _quantize),
     "export": Command("Serialise the inference function with jax.export (weights included) for serving.", _export),
     "export-weights": Command("Write the trained backbone as a timm safetensors file.", _export_weights),
@@ -184,7 +226,7 @@ def commands() -> LazyCommands:
             if name in table:
                 raise ValueError(f"domain {domain.name!r} declares eval command {name!r}, which exists already")
             table[name] = functools.partial(_domain_command, domain, name)
-    return LazyCommands({name: _printing_loaded(load, workdir_required=name != "predict")
+    return LazyCommands({name: _printing_loaded(load, workdir_required=name not in ("predict", "serve"))
                          for name, load in table.items()})
 
 

@@ -1,5 +1,28 @@
 """Defaults of the inference commands that their `--help` names, in a module that imports nothing
 (no JAX): `triskele.eval.model` re-exports them beside the code that applies them."""
 
+import dataclasses
+from pathlib import Path
+
 INFERENCE_BATCH_PER_DEVICE = 8
 """predict's default batch: this many records per device on `data x fsdp` (never the training batch)."""
+
+
+@dataclasses.dataclass
+class ServeOptions:
+    """How `serve` runs (its flags, by name)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    name: str | None = None
+    """The model's name in the routes (default: the run's domain)."""
+    max_batch: int = 32
+    max_delay_ms: float = 5.0
+    max_queue: int = 256
+    """Requests waiting at most; one more is a 503 with Retry-After."""
+    timeout_seconds: float = 30.0
+    max_body_bytes: int = 64 << 20
+    token_file: Path | None = None
+    threads: int = 4
+    """Decoding threads."""
+    drain_seconds: float = 30.0

@@ -33,6 +33,7 @@ CASES = [
     ("eval", ["--workdir"]),
     ("eval", ["predict", "--batch", "abc"]),
     ("eval", ["predict", "--help"]),
+    ("eval", ["serve", "--help"]),
     ("eval", ["quantize", "--help"]),
     ("eval", ["export", "--help"]),
     ("eval", ["export-weights", "--help"]),

@@ -1,0 +1,242 @@
+"""The HTTP side (Starlette): the Open Inference Protocol v2 routes, the bearer token on model and
+infer routes (health and metrics stay open), the body size limit, the per-request deadline, a
+structured access-log line and the status-code count of every request; every refusal is
+`{"error": reason}` with a 4xx/5xx status, and the server goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from triskele.eval.serving.batcher import Batcher
+from triskele.eval.serving.inputs import Decoder
+from triskele.eval.serving.metrics import CONTENT_TYPE, ServeMetrics
+from triskele.eval.serving.protocol import HEADER_LENGTH, RequestError, encode_response, parse_infer
+
+ACCESS_LOG = logging.getLogger("triskele.serve.access")
+
+
+@dataclasses.dataclass
+class ServeState:
+    """What the routes share; `ready` turns on after warm-up and off again for the drain."""
+
+    name: str
+    decoder: Decoder
+    batcher: Batcher
+    metrics: ServeMetrics
+    pool: concurrent.futures.Executor
+    config: dict[str, Any]
+    """The Triton-style model configuration (`/config`)."""
+    metadata: dict[str, Any]
+    token: str | None = None
+    max_body: int = 64 << 20
+    timeout: float = 30.0
+    ready: bool = False
+    draining: bool = False
+    in_flight: int = 0
+    """Infer requests accepted and not answered yet (the drain waits for them)."""
+
+
+def _error(err: RequestError) -> JSONResponse:
+    return JSONResponse({"error": err.reason}, err.status, headers=err.headers)
+
+
+def _route_kind(path: str) -> str:
+    if path.endswith("/infer"):
+        return "infer"
+    return "health" if path.startswith("/v2/health") else "metrics" if path == "/metrics" else "model"
+
+
+class AccessLog:
+    """ASGI middleware: one JSON line per request on the `triskele.serve.access` logger, the
+    status-code counter, and the latency of infer requests."""
+
+    def __init__(self, app: Any, metrics: ServeMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            seconds = time.perf_counter() - started
+            kind = _route_kind(scope["path"])
+            self.metrics.requests.labels(kind, str(status[0])).inc()
+            if kind == "infer":
+                self.metrics.latency.observe(seconds)
+            client = scope.get("client") or ("", 0)
+            ACCESS_LOG.info(json.dumps({"time": round(time.time(), 3), "client": client[0],
+                                        "method": scope["method"], "path": scope["path"], "status": status[0],
+                                        "ms": round(1000 * seconds, 2)}))
+
+
+def build_app(state: ServeState) -> Starlette:
+    """The Starlette application over `state`."""
+
+    def authorised(request: Request) -> None:
+        if state.token is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.token.encode()):
+            raise RequestError(401, "a bearer token is required (Authorization: Bearer TOKEN)" if not given
+                               else "the bearer token is not this server's", {"WWW-Authenticate": "Bearer"})
+
+    def model_route(request: Request) -> None:
+        authorised(request)
+        name = request.path_params["name"]
+        if name != state.name:
+            raise RequestError(404, f"no model {name!r}; this server serves {state.name!r}")
+        version = request.path_params.get("version")
+        if version not in (None, "1"):
+            raise RequestError(404, f"model {name!r} has no version {version!r}; its version is '1'")
+
+    def guarded(handler):
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestError as err:
+                return _error(err)
+            except Exception as err:  # noqa: BLE001 - a bug answers 500 and the server goes on
+                logging.getLogger("triskele.serve").exception("request failed")
+                return JSONResponse({"error": f"internal error: {type(err).__name__}: {err}"}, 500)
+        return route
+
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse({"name": "triskele", "version": "1", "extensions": ["binary_tensor_data",
+                                                                                 "model_configuration"]})
+
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    def _readiness() -> RequestError | None:
+        if state.draining:
+            return RequestError(503, "the server is draining (SIGTERM): it answers the requests it accepted, then "
+                                "exits", {"Retry-After": "1"})
+        if not state.ready:
+            return RequestError(503, "the model's batch sizes are still being compiled and warmed",
+                                {"Retry-After": "1"})
+        return None
+
+    async def ready(request: Request) -> Response:
+        refusal = _readiness()
+        return _error(refusal) if refusal else JSONResponse({"ready": True})
+
+    async def model_metadata(request: Request) -> Response:
+        model_route(request)
+        return JSONResponse({"name": state.name, "versions": ["1"], "platform": "jax", **state.metadata})
+
+    async def model_ready(request: Request) -> Response:
+        model_route(request)
+        return await ready(request)
+
+    async def model_config(request: Request) -> Response:
+        model_route(request)
+        return JSONResponse(state.config)
+
+    async def body_of(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        too_large = RequestError(413, f"the request body is over the server's limit of {state.max_body:,} bytes "
+                                 "(--max-body-bytes)")
+        if declared is not None and declared.isdigit() and int(declared) > state.max_body:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > state.max_body:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def infer(request: Request) -> Response:
+        model_route(request)
+        refusal = _readiness()
+        if refusal:
+            raise refusal
+        state.in_flight += 1
+        try:
+            return await _infer(request)
+        finally:
+            state.in_flight -= 1
+
+    async def _infer(request: Request) -> Response:
+        deadline = time.monotonic() + state.timeout
+        body = await body_of(request)
+        loop = asyncio.get_running_loop()
+
+        def decode():
+            parsed = parse_infer(body, request.headers.get(HEADER_LENGTH))
+            return parsed, state.decoder.decode(parsed.inputs)
+
+        parsed, decoded = await loop.run_in_executor(state.pool, decode)
+        job = state.batcher.submit(decoded.records, deadline)
+        try:
+            outputs = await asyncio.wait_for(asyncio.wrap_future(job.future), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            job.abandoned = True
+            raise RequestError(504, f"no answer within the request deadline of {state.timeout:g} s "
+                               "(--timeout-seconds)") from None
+
+        def encode():
+            return encode_response(state.name, parsed, state.decoder.respond(decoded, outputs))
+
+        body, header_length = await loop.run_in_executor(state.pool, encode)
+        if header_length is None:
+            return Response(body, media_type="application/json")
+        return Response(body, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    model = "/v2/models/{name}"
+    versioned = "/v2/models/{name}/versions/{version}"
+    routes = [Route("/v2", guarded(server_metadata)), Route("/v2/health/live", guarded(live)),
+              Route("/v2/health/ready", guarded(ready)), Route("/metrics", guarded(metrics))]
+    for prefix in (model, versioned):
+        routes += [Route(prefix, guarded(model_metadata)), Route(prefix + "/ready", guarded(model_ready)),
+                   Route(prefix + "/config", guarded(model_config)),
+                   Route(prefix + "/infer", guarded(infer), methods=["POST"])]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": f"no route {request.method} {request.url.path}"},
+                            getattr(exc, "status_code", 404))
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    app.add_middleware(AccessLog, metrics=state.metrics)
+    return app
+
+
+def triton_config(name: str, sizes: list[int], decoder: Decoder, max_delay: float) -> dict[str, Any]:
+    """The model's configuration as Triton gives it (`max_batch_size`, inputs and outputs without
+    the batch dimension, the dynamic batcher's sizes), which tritonclient and perf_analyzer read."""
+    def tensor(spec: dict[str, Any]) -> dict[str, Any]:
+        dims = spec["shape"][1:] or [1]
+        entry = {"name": spec["name"], "data_type": "TYPE_STRING" if spec["datatype"] == "BYTES"
+                 else f"TYPE_{spec['datatype']}", "dims": dims}
+        return {**entry, "reshape": {"shape": []}} if not spec["shape"][1:] else entry
+
+    metadata = decoder.metadata({})
+    return {"name": name, "platform": "jax", "backend": "triskele", "max_batch_size": sizes[-1],
+            "input": [tensor(spec) for spec in metadata["inputs"]],
+            "output": [tensor(spec) for spec in metadata["outputs"]],
+            "dynamic_batching": {"preferred_batch_size": sizes,
+                                 "max_queue_delay_microseconds": int(np.round(max_delay * 1e6))}}

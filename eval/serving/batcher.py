@@ -1,0 +1,174 @@
+"""The dynamic batcher: requests' records queue; one device thread gathers them into the batch
+sizes compiled at start-up (Triton's dynamic batcher on TF Serving's allowed batch sizes). A full
+largest batch goes at once; otherwise the oldest request waits at most `max_delay` for company,
+and the batch is padded to the smallest compiled size that holds it. A request larger than the
+largest size is split over several batches; each request gets back exactly its own rows.
+numpy only: the models come in through `dispatch`/`fetch`."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from triskele.eval.serving.protocol import RequestError
+from triskele.mesh.chunks import Outputs, pad_rows
+
+
+def compiled_sizes(max_batch: int, shards: int) -> list[int]:
+    """`shards`, twice that, four times, ... up to `max_batch`: each size a multiple of the devices
+    a batch is split over, each at most twice the one below (so a batch is never padded to more
+    than twice its rows, but below the smallest size)."""
+    if max_batch < shards:
+        raise ValueError(f"--max-batch {max_batch} is below the {shards} devices a batch is split over (data x fsdp "
+                         f"of the mesh); use --max-batch {shards} or more")
+    sizes = [shards]
+    while sizes[-1] * 2 <= max_batch:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+def padded_size(rows: int, sizes: list[int]) -> int:
+    """The smallest compiled size that holds `rows` (rows <= the largest)."""
+    return next(size for size in sizes if size >= rows)
+
+
+@dataclasses.dataclass
+class Job:
+    """One request's records on their way through the batcher."""
+
+    records: np.ndarray
+    deadline: float
+    """time.monotonic() after which it is not started (the handler has answered 504)."""
+    enqueued: float = dataclasses.field(default_factory=time.monotonic)
+    future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+    taken: int = 0
+    """Rows handed to batches so far."""
+    filled: int = 0
+    parts: list[Outputs] = dataclasses.field(default_factory=list)
+    abandoned: bool = False
+
+    def add(self, outputs: Outputs) -> None:
+        """Outputs of its next rows, in order; the job's result once all its rows are back."""
+        self.parts.append(outputs)
+        self.filled += len(next(iter(outputs.values())))
+        if self.filled == len(self.records) and not self.future.done():
+            self.future.set_result({key: np.concatenate([p[key] for p in self.parts]) for key in outputs})
+
+
+class Batcher:
+    """`submit(records, deadline)` queues a request and returns its Future; `start()` runs the
+    device thread, `stop()` ends it once the queue is empty. `models[size]` runs batches of `size`
+    rows; `observe(event, value)` hears 'queue_wait' (seconds), 'batch' (real rows) with 'padded'
+    (compiled size) and 'queue_depth' (requests waiting)."""
+
+    def __init__(self, models: dict[int, Any], max_delay: float, max_queue: int,
+                 observe: Callable[[str, float], None] = lambda event, value: None):
+        self.models, self.sizes = models, sorted(models)
+        self.max_delay, self.max_queue, self.observe = max_delay, max_queue, observe
+        self.queue: collections.deque[Job] = collections.deque()
+        self.busy = False
+        self._condition = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="triskele-device", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.ident is None:  # never started
+            return
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+        self._thread.join()
+
+    def idle(self) -> bool:
+        """Nothing queued and no batch on the device."""
+        with self._condition:
+            return not self.queue and not self.busy
+
+    def submit(self, records: np.ndarray, deadline: float) -> Job:
+        """Queues one request's records (n >= 1); a full queue is a 503 with Retry-After."""
+        job = Job(np.asarray(records, np.float32), deadline)
+        with self._condition:
+            if len(self.queue) >= self.max_queue:
+                raise RequestError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry "
+                                   "shortly", {"Retry-After": "1"})
+            self.queue.append(job)
+            self.observe("queue_depth", len(self.queue))
+            self._condition.notify_all()
+        return job
+
+    def _pending_rows(self) -> int:
+        return sum(len(job.records) - job.taken for job in self.queue)
+
+    def _gather(self) -> list[tuple[Job, int, int]] | None:
+        """The next batch's (job, first row, end row) spans once it should go; None when stopping
+        with nothing left. Called with the condition held."""
+        largest = self.sizes[-1]
+        while True:
+            now = time.monotonic()
+            for job in [j for j in self.queue if j.taken == 0 and (j.abandoned or j.deadline <= now)]:
+                self.queue.remove(job)  # not started: its handler has answered (or will answer) 504
+                if not job.future.done():
+                    job.future.set_exception(RequestError(504, "the request's deadline passed while it was queued"))
+            if not self.queue:
+                if self._stopping:
+                    return None
+                self._condition.wait()
+                continue
+            wait = self.queue[0].enqueued + self.max_delay - now
+            if self._pending_rows() >= largest or wait <= 0 or self._stopping:
+                break
+            self._condition.wait(wait)
+        spans, room = [], largest
+        while self.queue and room:
+            job = self.queue[0]
+            if job.taken == 0:
+                self.observe("queue_wait", now - job.enqueued)
+            take = min(room, len(job.records) - job.taken)
+            spans.append((job, job.taken, job.taken + take))
+            job.taken += take
+            room -= take
+            if job.taken == len(job.records):
+                self.queue.popleft()
+        self.observe("queue_depth", len(self.queue))
+        return spans
+
+    def _loop(self) -> None:
+        while True:
+            with self._condition:
+                spans = self._gather()
+                if spans is None:
+                    return
+                self.busy = True
+            try:
+                self._run(spans)
+            finally:
+                with self._condition:
+                    self.busy = False
+                    self._condition.notify_all()
+
+    def _run(self, spans: list[tuple[Job, int, int]]) -> None:
+        rows = np.concatenate([job.records[start:stop] for job, start, stop in spans])
+        size = padded_size(len(rows), self.sizes)
+        self.observe("batch", len(rows))
+        self.observe("padded", size)
+        model = self.models[size]
+        try:
+            outputs = model.fetch(model.dispatch(pad_rows(rows, size)))
+        except Exception as err:  # noqa: BLE001 - one failed batch fails its requests, the server goes on
+            for job, _, _ in spans:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError(f"the model failed on a batch of {size}: {err}"))
+            return
+        offset = 0
+        for job, start, stop in spans:
+            job.add({key: np.asarray(value)[offset:offset + stop - start] for key, value in outputs.items()})
+            offset += stop - start

@@ -1,0 +1,90 @@
+"""What a request's tensors become: model records, and the model's rows back into the answer.
+Two inputs: `image`, BYTES of encoded images (PNG/JPEG), each read by the domain's predict reader
+(the same format and pixel checks before decoding, the same preprocessing) and answered with the
+domain's outputs for it (`respond`); or `input`, FP32 records already shaped as the model takes
+them, answered with the model's raw outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from triskele.eval.serving.protocol import RequestError, bad
+
+IMAGE_INPUT = "image"
+RECORDS_INPUT = "input"
+
+
+@dataclasses.dataclass
+class Decoded:
+    records: np.ndarray
+    contexts: list[tuple[Any, int]] | None
+    """Per image: the reader's context and its number of records (None: records sent as they are)."""
+
+
+class Decoder:
+    """A domain's predict reader and its `respond` behind the two inputs; `record_shape`: one record's."""
+
+    def __init__(self, io: Any, record_shape: tuple[int, ...]):
+        self.io, self.record_shape = io, tuple(record_shape)
+        self.outputs = io.serving_outputs  # a domain (or task) that serves nothing yet refuses here
+
+    def metadata(self, raw_outputs: dict[str, tuple[int, ...]]) -> dict[str, list[dict[str, Any]]]:
+        """The inputs and outputs of the model's metadata (-1: a size that varies)."""
+        return {"inputs": [{"name": IMAGE_INPUT, "datatype": "BYTES", "shape": [-1]},
+                           {"name": RECORDS_INPUT, "datatype": "FP32", "shape": [-1, *self.record_shape]}],
+                "outputs": [{"name": name, "datatype": datatype, "shape": [-1, *shape]}
+                            for name, (datatype, shape) in self.outputs.items()]
+                + [{"name": name, "datatype": "FP32", "shape": [-1, *shape]} for name, shape in raw_outputs.items()]}
+
+    def decode(self, inputs: dict[str, np.ndarray]) -> Decoded:
+        """The request's records; a RequestError (400) naming what is wrong with its tensors or images."""
+        from triskele.eval.engine import Unit
+        from triskele.train.data.images import EncodedImage
+
+        if sorted(inputs) not in ([IMAGE_INPUT], [RECORDS_INPUT]):
+            raise bad(f"send one input, {IMAGE_INPUT!r} (BYTES: encoded PNG or JPEG images) or {RECORDS_INPUT!r} "
+                      f"(FP32 records of shape [n, {', '.join(map(str, self.record_shape))}]); got "
+                      f"{', '.join(map(repr, inputs))}")
+        if RECORDS_INPUT in inputs:
+            records = inputs[RECORDS_INPUT]
+            if records.dtype != np.float32:
+                raise bad(f"input {RECORDS_INPUT!r} must be FP32, got {records.dtype}")
+            if records.ndim != 1 + len(self.record_shape) or records.shape[1:] != self.record_shape or not len(records):
+                raise bad(f"input {RECORDS_INPUT!r} has shape {list(records.shape)}; the model takes "
+                          f"[n, {', '.join(map(str, self.record_shape))}] with n >= 1")
+            return Decoded(records, None)
+        images = inputs[IMAGE_INPUT]
+        if images.dtype != object:
+            raise bad(f"input {IMAGE_INPUT!r} must be BYTES (encoded images), got {images.dtype}")
+        if not images.size:
+            raise bad(f"input {IMAGE_INPUT!r} holds no image")
+        parts, contexts = [], []
+        for i, data in enumerate(images.ravel()):
+            name = f"{IMAGE_INPUT}[{i}]"
+            try:
+                records, context = self.io.read(Unit(name, (EncodedImage(data, name),)))
+            except ValueError as err:
+                raise bad(str(err)) from None
+            parts.append(np.asarray(records, np.float32))
+            contexts.append((context, len(records)))
+        return Decoded(np.concatenate(parts), contexts)
+
+    def respond(self, decoded: Decoded, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The answer's tensors: the domain's per image, stacked, or the raw rows."""
+        if decoded.contexts is None:
+            return outputs
+        answers, offset = [], 0
+        for context, count in decoded.contexts:
+            answers.append(self.io.respond(context, {k: v[offset:offset + count] for k, v in outputs.items()}))
+            offset += count
+        stacked = {}
+        for name in answers[0]:
+            shapes = {np.shape(answer[name]) for answer in answers}
+            if len(shapes) > 1:
+                raise RequestError(422, f"output {name!r} has other shapes for this request's images "
+                                   f"({', '.join(map(str, sorted(shapes)))}); send images of one size together, or "
+                                   "one per request")
+            stacked[name] = np.stack([answer[name] for answer in answers])
+        return stacked

@@ -1,0 +1,193 @@
+"""The Open Inference Protocol v2 (KServe; Triton, MLServer speak it) as bytes in, arrays out:
+an infer request's JSON, with Triton's binary-tensor extension (the JSON header's length in
+`Inference-Header-Content-Length`, each binary input's bytes after it in order, sized by its
+`binary_data_size` parameter; BYTES elements each prefixed by a 4-byte little-endian length), and
+the response in the same two forms. Every malformed request is a `RequestError` naming the problem.
+numpy only."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from typing import Any
+
+import numpy as np
+
+DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+             "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
+             "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_}
+"""The protocol's tensor datatypes and the numpy dtypes they carry (BYTES: objects holding bytes)."""
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+class RequestError(Exception):
+    """A request the server refuses: its HTTP status and the reason, answered as `{"error": reason}`."""
+
+    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None):
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, headers or {}
+
+
+def bad(reason: str) -> RequestError:
+    return RequestError(400, reason)
+
+
+@dataclasses.dataclass
+class InferRequest:
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: list[str] | None
+    """The outputs asked for (None: all)."""
+    binary: dict[str, bool]
+    """Per output asked for: whether it goes back as binary data; `binary_default` for the rest."""
+    binary_default: bool
+
+
+def _header_length(value: str | None, body_length: int) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) > body_length:
+        raise bad(f"{HEADER_LENGTH}: {value!r} is not a length within the body's {body_length} bytes")
+    return int(value)
+
+
+def _json_object(text: bytes) -> dict[str, Any]:
+    try:
+        request = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise bad(f"the request is not valid JSON: {err}") from None
+    if not isinstance(request, dict):
+        raise bad(f"the request must be a JSON object, got {type(request).__name__}")
+    return request
+
+
+def _shape(spec: dict[str, Any], name: str) -> list[int]:
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise bad(f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+    return shape
+
+
+def split_bytes(data: bytes, name: str) -> list[bytes]:
+    """The elements of a binary BYTES tensor (each prefixed by its 4-byte little-endian length)."""
+    items, offset = [], 0
+    while offset < len(data):
+        if offset + 4 > len(data):
+            raise bad(f"input {name!r}: BYTES data ends inside an element's 4-byte length prefix")
+        (size,) = struct.unpack_from("<I", data, offset)
+        if offset + 4 + size > len(data):
+            raise bad(f"input {name!r}: a BYTES element declares {size} bytes, {len(data) - offset - 4} are left")
+        items.append(data[offset + 4:offset + 4 + size])
+        offset += 4 + size
+    return items
+
+
+def _tensor(spec: Any, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
+    """(name, array, offset after its binary data) of one request input."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise bad(f"each input must be an object with a name, got {str(spec)[:80]!r}")
+    name = spec["name"]
+    shape, datatype = _shape(spec, name), spec.get("datatype")
+    if datatype not in DATATYPES:
+        raise bad(f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
+    count = int(np.prod(shape))
+    size = (spec.get("parameters") or {}).get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            raise bad(f"input {name!r}: binary_data_size {size!r} runs past the {len(binary) - offset} bytes of "
+                      "binary data left")
+        raw = bytes(binary[offset:offset + size])
+        offset += size
+        if datatype == "BYTES":
+            items = split_bytes(raw, name)
+        else:
+            itemsize = np.dtype(DATATYPES[datatype]).itemsize
+            if size != count * itemsize:
+                raise bad(f"input {name!r}: {size} bytes of binary data, shape {shape} of {datatype} needs "
+                          f"{count * itemsize}")
+            return name, np.frombuffer(raw, DATATYPES[datatype]).reshape(shape), offset
+    elif "data" in spec:
+        items = np.asarray(spec["data"], dtype=object).ravel().tolist()
+        if datatype == "BYTES":
+            if not all(isinstance(item, str) for item in items):
+                raise bad(f"input {name!r}: BYTES data in JSON must be strings")
+            items = [item.encode() for item in items]
+        else:
+            try:
+                array = np.asarray(items, DATATYPES[datatype])
+            except (TypeError, ValueError, OverflowError):
+                raise bad(f"input {name!r}: its data are not all {datatype} values") from None
+            if array.size != count:
+                raise bad(f"input {name!r}: {array.size} values, shape {shape} needs {count}")
+            return name, array.reshape(shape), offset
+    else:
+        raise bad(f"input {name!r} has neither data nor a binary_data_size parameter")
+    if len(items) != count:
+        raise bad(f"input {name!r}: {len(items)} BYTES elements, shape {shape} needs {count}")
+    array = np.empty(count, object)
+    array[:] = items
+    return name, array.reshape(shape), offset
+
+
+def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
+    """An infer request from its body and its `Inference-Header-Content-Length` header (None: all JSON)."""
+    length = _header_length(header_length, len(body))
+    request = _json_object(body if length is None else body[:length])
+    binary = memoryview(body)[len(body) if length is None else length:]
+    specs = request.get("inputs")
+    if not isinstance(specs, list) or not specs:
+        raise bad("the request has no inputs (a list of tensors under 'inputs')")
+    inputs, offset = {}, 0
+    for spec in specs:
+        name, array, offset = _tensor(spec, binary, offset)
+        if name in inputs:
+            raise bad(f"input {name!r} is given twice")
+        inputs[name] = array
+    if offset != len(binary):
+        raise bad(f"{len(binary) - offset} bytes of binary data are not claimed by any input's binary_data_size")
+    wanted = request.get("outputs")
+    if wanted is not None and (not isinstance(wanted, list) or
+                               not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted)):
+        raise bad("'outputs' must be a list of objects with a name")
+    parameters = request.get("parameters") or {}
+    return InferRequest(id=str(request["id"]) if "id" in request else None, inputs=inputs,
+                        outputs=None if wanted is None else [o["name"] for o in wanted],
+                        binary={o["name"]: bool((o.get("parameters") or {}).get("binary_data")) for o in wanted or []},
+                        binary_default=bool(parameters.get("binary_data_output")))
+
+
+def datatype_of(array: np.ndarray) -> str:
+    if array.dtype == object:
+        return "BYTES"
+    return next(name for name, dtype in DATATYPES.items() if np.dtype(dtype) == array.dtype)
+
+
+def _bytes_items(array: np.ndarray) -> list[bytes]:
+    return [item if isinstance(item, bytes) else str(item).encode() for item in array.ravel()]
+
+
+def encode_response(model: str, request: InferRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+    """(body, JSON header length when binary data follow it, else None) of an infer response."""
+    unknown = [name for name in request.outputs or [] if name not in outputs]
+    if unknown:
+        raise bad(f"output {unknown[0]!r} is not one of this request's outputs: {', '.join(outputs)}")
+    tensors, chunks = [], []
+    for name in request.outputs or list(outputs):
+        array = np.ascontiguousarray(outputs[name])
+        tensor = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
+        if request.binary.get(name, request.binary_default):
+            raw = (b"".join(struct.pack("<I", len(item)) + item for item in _bytes_items(array))
+                   if array.dtype == object else array.astype(array.dtype.newbyteorder("<")).tobytes())
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            tensor["data"] = ([item.decode(errors="replace") for item in _bytes_items(array)]
+                              if array.dtype == object else array.ravel().tolist())
+        tensors.append(tensor)
+    response = {"model_name": model, "model_version": "1", "outputs": tensors}
+    if request.id is not None:
+        response["id"] = request.id
+    header = json.dumps(response).encode()
+    return header + b"".join(chunks), len(header) if chunks else None

@@ -1,0 +1,147 @@
+"""`python -m triskele.eval serve`: a checkpoint's (or an exported model's) predictor behind the
+Open Inference Protocol over HTTP. The model is loaded once and compiled for every batch size
+(`compiled_sizes`), the HTTP server starts, every size is warmed (one batch each) and only then
+does `/v2/health/ready` say ready. SIGTERM drains: ready and new infer requests answer 503, the
+requests already accepted are answered, and the process exits within `drain_seconds`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import uvicorn
+from triskele.eval.defaults import ServeOptions
+from triskele.eval.serving.app import ServeState, build_app, triton_config
+from triskele.eval.serving.batcher import Batcher, compiled_sizes
+from triskele.eval.serving.inputs import Decoder
+from triskele.eval.serving.metrics import ServeMetrics
+from triskele.train.config import InputLimits
+
+LOG = logging.getLogger("triskele.serve")
+
+
+def compiled_models(workdir: str | Path | None, exported: str | Path | None, mesh: str | None, step: int | None,
+                    max_batch: int) -> dict[int, Any]:
+    """The model once per batch size (the parameters shared): sizes are multiples of the mesh's
+    data x fsdp devices (`compiled_sizes`); an export of a fixed batch has that size alone."""
+    from triskele.eval.model import LiveModel, load_model
+
+    if exported is not None:
+        from triskele.eval.exported import ExportedModel
+
+        first = ExportedModel(exported, None)
+        if first.meta["input_shape"][0] is not None:
+            return {first.batch: first}
+        return {size: ExportedModel(exported, size) for size in compiled_sizes(max_batch, 1)}
+    first = load_model(workdir, None, mesh, step)
+    shards = first.mesh.shape["data"] * first.mesh.shape["fsdp"]
+    return {size: LiveModel(first.parts, first.params, size, first.step) for size in compiled_sizes(max_batch, shards)}
+
+
+def warm(models: dict[int, Any], record_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """Runs one batch of zeros through every size (its compilation included); returns one row's
+    shape of each raw output."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for size, model in sorted(models.items()):
+        outputs = model.fetch(model.dispatch(np.zeros((size, *record_shape), np.float32)))
+        shapes = {key: tuple(np.shape(value)[1:]) for key, value in outputs.items()}
+    return shapes
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server whose SIGTERM drains first (`drain`) instead of closing the socket at once;
+    SIGINT stays uvicorn's (a second one forces the exit)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServeState, drain_seconds: float):
+        super().__init__(config)
+        self.state, self.drain_seconds = state, drain_seconds
+        self.drained: bool | None = None
+        """After a SIGTERM: whether every accepted request was answered within the drain time."""
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if sig == signal.SIGTERM and not self.state.draining:
+            self.state.draining = True
+            self.state.metrics.ready.set(0)
+            threading.Thread(target=self.drain, name="triskele-drain", daemon=True).start()
+            return
+        super().handle_exit(sig, frame)
+
+    def drain(self) -> None:
+        """Waits until every accepted request is answered (or the drain time is over), then exits."""
+        deadline = time.monotonic() + self.drain_seconds
+        LOG.info("SIGTERM: draining %d requests in flight (at most %g s)", self.state.in_flight, self.drain_seconds)
+        while (self.state.in_flight or not self.state.batcher.idle()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.drained = not self.state.in_flight
+        self.config.timeout_graceful_shutdown = max(0.1, deadline - time.monotonic())
+        self.should_exit = True
+
+
+def serving_state(workdir: str | Path | None, exported: str | Path | None, mesh: str | None, step: int | None,
+                  options: ServeOptions, limits: InputLimits | None) -> tuple[ServeState, dict[int, Any]]:
+    """The models (compiled, not warmed yet) and the routes' shared state."""
+    from triskele.eval.evaluate import _predict_io
+    from triskele.eval.exported import record_shape
+
+    models = compiled_models(workdir, exported, mesh, step, options.max_batch)
+    sizes = sorted(models)
+    model = models[sizes[0]]
+    record = tuple(record_shape(model.meta["image_size"], model.meta["channels"], model.meta["frames"]))
+    decoder = Decoder(_predict_io(model, workdir, {}, limits), record)
+    name = options.name or model.meta["domain"]
+    metrics = ServeMetrics(sizes)
+    token = None
+    if options.token_file is not None:
+        token = Path(options.token_file).read_text().strip()
+        if not token:
+            raise ValueError(f"--token-file {options.token_file} is empty")
+    batcher = Batcher(models, options.max_delay_ms / 1000, options.max_queue, metrics.observe)
+    state = ServeState(name, decoder, batcher, metrics, concurrent.futures.ThreadPoolExecutor(options.threads),
+                       triton_config(name, sizes, decoder, options.max_delay_ms / 1000), decoder.metadata({}),
+                       token, options.max_body_bytes, options.timeout_seconds)
+    return state, models
+
+
+def warm_up(state: ServeState, models: dict[int, Any]) -> None:
+    """Every size warmed, then ready (the raw outputs' shapes added to the model's metadata)."""
+    state.metadata = state.decoder.metadata(warm(models, state.decoder.record_shape))
+    for size in models:
+        state.metrics.compiled.labels(str(size)).set(1)
+    state.batcher.start()
+    state.ready = True
+    state.metrics.ready.set(1)
+    LOG.info("ready: model %r, batch sizes %s", state.name, sorted(models))
+
+
+def serve(workdir: str | Path | None, exported: str | Path | None = None, mesh: str | None = None,
+          step: int | None = None, options: ServeOptions | None = None,
+          limits: InputLimits | None = None) -> dict[str, Any]:
+    """Serves until SIGTERM (drained) or SIGINT; returns what it served."""
+    options = options or ServeOptions()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    state, models = serving_state(workdir, exported, mesh, step, options, limits)
+    config = uvicorn.Config(build_app(state), host=options.host, port=options.port, log_config=None,
+                            access_log=False, timeout_graceful_shutdown=options.drain_seconds)
+    server = DrainingServer(config, state, options.drain_seconds)
+
+    def warming() -> None:
+        try:
+            warm_up(state, models)
+        except Exception:
+            LOG.exception("warming up the model failed; stopping")
+            server.should_exit = True
+
+    threading.Thread(target=warming, name="triskele-warm-up", daemon=True).start()
+    try:
+        server.run()
+    finally:
+        state.ready = False
+        state.batcher.stop()
+        state.pool.shutdown(wait=False, cancel_futures=True)
+    return {"model": state.name, "batch_sizes": sorted(models), "drained": server.drained}

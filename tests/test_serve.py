@@ -1,0 +1,99 @@
+"""`serve` against `predict`: tritonclient's HTTP client (not this project's code) sends each
+domain's images as BYTES and gets what predict writes for the same files; FP32 records get the
+model's raw outputs; many concurrent requests share model calls and each gets its own rows."""
+
+import csv
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from PIL import Image
+from serveutil import noise, serving
+from triskele.eval.evaluate import predict, predict_iter
+
+pytestmark = pytest.mark.xdist_group("serve")
+
+SIZES = {"mars": [(40, 48), (40, 48)], "merch": [(40, 36), (32, 32), (50, 44)], "deepfake": [(36, 36), (40, 44)]}
+"""Per domain, the images sent (height, width): mars' of one size (one mask tensor per request)."""
+CHANNELS = {"mars": 1, "merch": 3, "deepfake": 3}
+
+
+def _images(folder, domain):
+    folder.mkdir()
+    paths = []
+    for i, size in enumerate(SIZES[domain]):
+        paths.append(folder / f"{i}.png")
+        Image.fromarray(noise(i, size, CHANNELS[domain])).save(paths[-1])
+    return paths
+
+
+def _infer(client, name, paths, outputs):
+    data = np.array([p.read_bytes() for p in paths], dtype=object)
+    image = triton.InferInput("image", [len(paths)], "BYTES")
+    image.set_data_from_numpy(data, binary_data=True)
+    result = client.infer(name, [image], outputs=[triton.InferRequestedOutput(o) for o in outputs])
+    return {o: result.as_numpy(o) for o in outputs}
+
+
+@pytest.mark.parametrize("domain", ["mars", "merch", "deepfake"])
+def test_tritonclient_gets_what_predict_writes(domain, domain_runs, tmp_path):
+    workdir = domain_runs[domain]
+    paths = _images(tmp_path / "in", domain)
+    predict(workdir, tmp_path / "in", tmp_path / "out", progress=False)
+    with serving(workdir, max_batch=16) as server:
+        client = triton.InferenceServerClient(server.url)
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(domain)
+        config = client.get_model_config(domain)
+        assert config["max_batch_size"] == 16
+        assert {i["name"] for i in client.get_model_metadata(domain)["inputs"]} == {"image", "input"}
+        if domain == "mars":
+            got = _infer(client, domain, paths, ["mask"])
+            for path, mask in zip(paths, got["mask"], strict=True):
+                np.testing.assert_array_equal(mask, np.asarray(Image.open(tmp_path / "out" / path.name)))
+        elif domain == "merch":
+            got = _infer(client, domain, paths, ["sku", "score", "embedding"])
+            rows = {r["image"]: r for r in csv.DictReader((tmp_path / "out" / "predictions.csv").open())}
+            iterated = {p.unit.key: p.outputs for p in predict_iter(workdir, tmp_path / "in")}
+            for i, path in enumerate(paths):
+                assert [s.decode() for s in got["sku"][i]] == [rows[path.name][f"top{k}"] for k in range(1, 6)]
+                assert abs(got["score"][i][0] - float(rows[path.name]["top1_probability"])) <= 5e-5
+                np.testing.assert_allclose(got["score"][i], np.sort(iterated[path.name]["probabilities"][0])[::-1][:5],
+                                           atol=1e-5)
+                np.testing.assert_allclose(got["embedding"][i], iterated[path.name]["embedding"][0], atol=1e-5)
+        else:
+            got = _infer(client, domain, paths, ["fake_probability"])
+            frames = {r["frame"]: float(r["fake_probability"]) for r in
+                      csv.DictReader((tmp_path / "out" / "frames.csv").open())}
+            assert got["fake_probability"].shape == (len(paths),)
+            for path, probability in zip(paths, got["fake_probability"], strict=True):
+                assert abs(probability - frames[path.name]) <= 1e-5
+
+
+def test_concurrent_requests_share_model_calls_and_each_gets_its_own_rows(domain_runs):
+    """16 batch-1 requests of FP32 records at once: fewer model calls than requests, and every
+    answer equals the model's own output for that request's record (the batcher's padding rule is
+    test_serve_batcher's)."""
+    from triskele.eval.model import load_model
+
+    workdir = domain_runs["deepfake"]
+    model = load_model(workdir, batch=16)
+    records = np.random.default_rng(0).random((16, 32, 32, 3), np.float32)
+    expected = model(records)["fake_probability"]
+    with serving(workdir, max_batch=16, max_delay_ms=500) as server:
+        def one(i):
+            body = {"inputs": [{"name": "input", "shape": [1, 32, 32, 3], "datatype": "FP32",
+                                "data": records[i].ravel().tolist()}]}
+            answer = server.post("/v2/models/deepfake/infer", data=json.dumps(body))
+            assert answer.status_code == 200, answer.text
+            (output,) = answer.json()["outputs"]
+            return output["data"][0]
+
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(one, range(16)))
+        calls = server.metric("triskele_batch_rows_count")
+        assert server.metric("triskele_batch_rows_sum") == 16
+        assert calls < 16
+        assert server.metric('triskele_requests_total{code="200",route="infer"}') == 16
+    np.testing.assert_allclose(got, expected, atol=1e-5)
