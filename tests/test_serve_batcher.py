@@ -1,0 +1,105 @@
+"""The dynamic batcher on its own, with a model that records its calls: the padding rule, large
+requests split, every request its own rows, deadlines and a bounded queue. No JAX."""
+
+import concurrent.futures
+import time
+
+import numpy as np
+import pytest
+from triskele.eval.serving.batcher import Batcher, compiled_sizes
+from triskele.eval.serving.protocol import RequestError
+
+
+class Recording:
+    """A model of one batch size whose output is its input times 2; `calls` lists every batch's size."""
+
+    def __init__(self, size: int, calls: list):
+        self.size, self.calls = size, calls
+
+    def dispatch(self, rows):
+        assert len(rows) == self.size
+        self.calls.append(self.size)
+        return rows
+
+    def fetch(self, rows):
+        return {"y": rows * 2}
+
+
+def _batcher(sizes, max_delay=0.05, max_queue=100):
+    calls, events = [], []
+    batcher = Batcher({s: Recording(s, calls) for s in sizes}, max_delay, max_queue,
+                      lambda event, value: events.append((event, value)))
+    return batcher, calls, events
+
+
+def test_compiled_sizes_double_from_the_devices_a_batch_is_split_over():
+    assert compiled_sizes(32, 1) == [1, 2, 4, 8, 16, 32]
+    assert compiled_sizes(20, 8) == [8, 16]
+    with pytest.raises(ValueError, match="--max-batch 8"):
+        compiled_sizes(4, 8)
+
+
+def test_queued_requests_run_together_padded_to_the_smallest_size_that_holds_them():
+    batcher, calls, events = _batcher([1, 2, 4, 8], max_delay=0.5)
+    jobs = [batcher.submit(np.full((1, 3), i, np.float32), time.monotonic() + 60) for i in range(3)]
+    batcher.start()
+    try:
+        for i, job in enumerate(jobs):
+            np.testing.assert_array_equal(job.future.result(30)["y"], np.full((1, 3), 2 * i))
+    finally:
+        batcher.stop()
+    assert calls == [4]
+    assert [v for e, v in events if e == "batch"] == [3]
+
+
+def test_a_full_largest_batch_goes_and_a_large_request_is_split_into_its_own_rows():
+    batcher, calls, events = _batcher([2, 4, 8], max_delay=0.2)
+    big = np.arange(20 * 2, dtype=np.float32).reshape(20, 2)
+    small = np.full((3, 2), -1, np.float32)
+    jobs = [batcher.submit(big, time.monotonic() + 60), batcher.submit(small, time.monotonic() + 60)]
+    batcher.start()
+    try:
+        np.testing.assert_array_equal(jobs[0].future.result(30)["y"], big * 2)
+        np.testing.assert_array_equal(jobs[1].future.result(30)["y"], small * 2)
+    finally:
+        batcher.stop()
+    real = [v for e, v in events if e == "batch"]
+    assert real == [8, 8, 7] and calls == [8, 8, 8]
+    for rows, padded in zip(real, [v for e, v in events if e == "padded"], strict=True):
+        assert padded == min(s for s in (2, 4, 8) if s >= rows)
+
+
+def test_many_concurrent_requests_each_get_their_own_rows_and_padding_follows_the_rule():
+    sizes = [1, 2, 4, 8]
+    batcher, calls, events = _batcher(sizes, max_delay=0.01)
+    batcher.start()
+    rng = np.random.default_rng(0)
+    requests = [rng.random((int(rng.integers(1, 12)), 2), np.float32) for _ in range(40)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            jobs = list(pool.map(lambda r: batcher.submit(r, time.monotonic() + 60), requests))
+        for rows, job in zip(requests, jobs, strict=True):
+            np.testing.assert_array_equal(job.future.result(30)["y"], rows * 2)
+    finally:
+        batcher.stop()
+    real = [v for e, v in events if e == "batch"]
+    assert sum(real) == sum(len(r) for r in requests)
+    for rows, padded in zip(real, [v for e, v in events if e == "padded"], strict=True):
+        assert padded == min(s for s in sizes if s >= rows)
+
+
+def test_a_request_past_its_deadline_is_not_run_and_a_full_queue_refuses_with_retry_after():
+    batcher, calls, _ = _batcher([1, 2], max_queue=2)
+    late = batcher.submit(np.zeros((1, 1), np.float32), time.monotonic() - 1)
+    batcher.submit(np.zeros((1, 1), np.float32), time.monotonic() + 60)
+    with pytest.raises(RequestError) as refused:
+        batcher.submit(np.zeros((1, 1), np.float32), time.monotonic() + 60)
+    assert refused.value.status == 503 and refused.value.headers["Retry-After"]
+    batcher.start()
+    try:
+        with pytest.raises(RequestError, match="deadline") as expired:
+            late.future.result(30)
+        assert expired.value.status == 504
+    finally:
+        batcher.stop()
+    assert calls == [1]
