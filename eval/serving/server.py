@@ -119,12 +119,22 @@ def warm_up(state: ServeState, models: dict[int, Any]) -> None:
     LOG.info("ready: model %r, batch sizes %s", state.name, sorted(models))
 
 
+def _log_to_stderr() -> None:
+    """The server's own lines (start, ready, drain, the access log) on stderr, other libraries' as they are."""
+    if not LOG.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        LOG.addHandler(handler)
+        LOG.setLevel(logging.INFO)
+        LOG.propagate = False
+
+
 def serve(workdir: str | Path | None, exported: str | Path | None = None, mesh: str | None = None,
           step: int | None = None, options: ServeOptions | None = None,
           limits: InputLimits | None = None) -> dict[str, Any]:
     """Serves until SIGTERM (drained) or SIGINT; returns what it served."""
     options = options or ServeOptions()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    _log_to_stderr()
     state, models = serving_state(workdir, exported, mesh, step, options, limits)
     config = uvicorn.Config(build_app(state), host=options.host, port=options.port, log_config=None,
                             access_log=False, timeout_graceful_shutdown=options.drain_seconds)
