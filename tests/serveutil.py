@@ -42,12 +42,12 @@ class Running:
 
 
 @contextlib.contextmanager
-def serving(workdir, **options) -> Iterator[Running]:
-    """A warmed server of `workdir`'s run (ServeOptions `options`) until the block ends."""
+def serving(workdir, exported=None, **options) -> Iterator[Running]:
+    """A warmed server of `workdir`'s run or an `exported` model (ServeOptions `options`) until the block ends."""
     import uvicorn
 
     port = free_port()
-    state, models = serving_state(workdir, None, options.pop("mesh", None), None,
+    state, models = serving_state(workdir, exported, options.pop("mesh", None), None,
                                   ServeOptions(port=port, **options), None)
     warm_up(state, models)
     config = uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_config=None, access_log=False)

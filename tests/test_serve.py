@@ -97,3 +97,21 @@ def test_concurrent_requests_share_model_calls_and_each_gets_its_own_rows(domain
         assert calls < 16
         assert server.metric('triskele_requests_total{code="200",route="infer"}') == 16
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_an_exported_model_is_served_in_every_size_and_answers_as_predict_with_it(domain_runs, tmp_path):
+    from triskele.eval.export import export_model
+
+    workdir = domain_runs["deepfake"]
+    exported = tmp_path / "deepfake.jax"
+    export_model(workdir, exported)
+    paths = _images(tmp_path / "in", "deepfake")
+    predict(None, tmp_path / "in", tmp_path / "out", exported=exported, progress=False)
+    written = csv.DictReader((tmp_path / "out" / "frames.csv").open())
+    frames = {r["frame"]: float(r["fake_probability"]) for r in written}
+    with serving(None, exported=exported, max_batch=4) as server:
+        client = triton.InferenceServerClient(server.url)
+        assert client.get_model_config("deepfake")["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4]
+        got = _infer(client, "deepfake", paths, ["fake_probability"])
+    for path, probability in zip(paths, got["fake_probability"], strict=True):
+        assert abs(probability - frames[path.name]) <= 1e-5
