@@ -103,3 +103,92 @@ def test_a_request_past_its_deadline_is_not_run_and_a_full_queue_refuses_with_re
     finally:
         batcher.stop()
     assert calls == [1]
+
+
+class Logging(Recording):
+    """As Recording, and `log` lists ('dispatch'|'fetch', batch number) in the order they happen."""
+
+    def __init__(self, size, calls, log):
+        super().__init__(size, calls)
+        self.log = log
+
+    def dispatch(self, rows):
+        number = len(self.calls)
+        super().dispatch(rows)
+        self.log.append(("dispatch", number))
+        return number, rows
+
+    def fetch(self, handle):
+        number, rows = handle
+        self.log.append(("fetch", number))
+        return super().fetch(rows)
+
+
+def _logging_batcher(sizes, max_delay):
+    calls, log = [], []
+    return Batcher({s: Logging(s, calls, log) for s in sizes}, max_delay, 100), calls, log
+
+
+def test_the_next_batch_is_dispatched_before_the_one_in_flight_is_fetched():
+    """20 rows queued on sizes 2, 4, 8 (no delay: the last 4 go as soon as they are gathered):
+    batches 8, 8, 4, each dispatched before the previous one's outputs are fetched (as predict
+    does), and the answers still each request's own rows."""
+    batcher, calls, log = _logging_batcher([2, 4, 8], max_delay=0)
+    rows = np.arange(20 * 2, dtype=np.float32).reshape(20, 2)
+    jobs = [batcher.submit(rows[:13], time.monotonic() + 60), batcher.submit(rows[13:], time.monotonic() + 60)]
+    batcher.start()
+    try:
+        np.testing.assert_array_equal(jobs[0].future.result(30)["y"], rows[:13] * 2)
+        np.testing.assert_array_equal(jobs[1].future.result(30)["y"], rows[13:] * 2)
+    finally:
+        batcher.stop()
+    assert calls == [8, 8, 4]
+    assert log == [("dispatch", 0), ("dispatch", 1), ("fetch", 0), ("dispatch", 2), ("fetch", 1), ("fetch", 2)]
+
+
+def test_a_batch_in_flight_is_answered_without_waiting_for_the_next_batch_to_fill():
+    """A full batch goes; the request left over waits (60 s) for company, but the batch in flight is
+    fetched and answered meanwhile, not held until the next one goes."""
+    batcher, calls, log = _logging_batcher([1, 2], max_delay=60)
+    records = [np.full((1, 1), i, np.float32) for i in range(3)]
+    jobs = [batcher.submit(r, time.monotonic() + 120) for r in records]
+    batcher.start()
+    try:
+        for i in range(2):
+            np.testing.assert_array_equal(jobs[i].future.result(30)["y"], records[i] * 2)
+        assert not jobs[2].future.done() and not batcher.idle()
+        assert log == [("dispatch", 0), ("fetch", 0)]
+    finally:
+        batcher.stop()  # stopping sends the last request at once
+    np.testing.assert_array_equal(jobs[2].future.result(30)["y"], records[2] * 2)
+    assert calls == [2, 1] and batcher.idle()
+
+
+def test_a_failed_dispatch_or_fetch_fails_only_its_own_requests():
+    class Failing(Recording):
+        def __init__(self, size, calls, fail_on):
+            super().__init__(size, calls)
+            self.fail_on = fail_on
+
+        def dispatch(self, rows):
+            if self.fail_on == "dispatch" and rows[0, 0] < 0:
+                raise RuntimeError("no device")
+            return super().dispatch(rows)
+
+        def fetch(self, rows):
+            if self.fail_on == "fetch" and rows[0, 0] < 0:
+                raise RuntimeError("device lost")
+            return super().fetch(rows)
+
+    for fail_on in ("dispatch", "fetch"):
+        batcher = Batcher({2: Failing(2, [], fail_on)}, 0.01, 100)
+        good, bad_rows = np.ones((2, 1), np.float32), -np.ones((2, 1), np.float32)
+        jobs = [batcher.submit(r, time.monotonic() + 60) for r in (good, bad_rows, good)]
+        batcher.start()
+        try:
+            np.testing.assert_array_equal(jobs[0].future.result(30)["y"], good * 2)
+            with pytest.raises(RuntimeError, match="batch of 2"):
+                jobs[1].future.result(30)
+            np.testing.assert_array_equal(jobs[2].future.result(30)["y"], good * 2)
+        finally:
+            batcher.stop()

@@ -3,6 +3,11 @@ sizes compiled at start-up (Triton's dynamic batcher on TF Serving's allowed bat
 largest batch goes at once; otherwise the oldest request waits at most `max_delay` for company,
 and the batch is padded to the smallest compiled size that holds it. A request larger than the
 largest size is split over several batches; each request gets back exactly its own rows.
+
+One batch stays in flight while the next is gathered, as predict does (`triskele.mesh.chunks.overlapped`):
+a batch that is ready to go when the previous one is on the device is dispatched before the
+previous one's outputs are fetched; one that would still wait for company is not waited for
+with a batch in flight (that batch's requests are answered first).
 numpy only: the models come in through `dispatch`/`fetch`."""
 
 from __future__ import annotations
@@ -108,9 +113,9 @@ class Batcher:
     def _pending_rows(self) -> int:
         return sum(len(job.records) - job.taken for job in self.queue)
 
-    def _gather(self) -> list[tuple[Job, int, int]] | None:
+    def _gather(self, wait: bool) -> list[tuple[Job, int, int]] | None:
         """The next batch's (job, first row, end row) spans once it should go; None when stopping
-        with nothing left. Called with the condition held."""
+        with nothing left, or (not `wait`) when none should go yet. Called with the condition held."""
         largest = self.sizes[-1]
         while True:
             now = time.monotonic()
@@ -119,14 +124,16 @@ class Batcher:
                 if not job.future.done():
                     job.future.set_exception(RequestError(504, "the request's deadline passed while it was queued"))
             if not self.queue:
-                if self._stopping:
+                if self._stopping or not wait:
                     return None
                 self._condition.wait()
                 continue
-            wait = self.queue[0].enqueued + self.max_delay - now
-            if self._pending_rows() >= largest or wait <= 0 or self._stopping:
+            delay = self.queue[0].enqueued + self.max_delay - now
+            if self._pending_rows() >= largest or delay <= 0 or self._stopping:
                 break
-            self._condition.wait(wait)
+            if not wait:
+                return None
+            self._condition.wait(delay)
         spans, room = [], largest
         while self.queue and room:
             job = self.queue[0]
@@ -142,33 +149,66 @@ class Batcher:
         return spans
 
     def _loop(self) -> None:
+        in_flight: Flight | None = None
         while True:
             with self._condition:
-                spans = self._gather()
-                if spans is None:
+                spans = self._gather(wait=in_flight is None)
+                if spans is None and in_flight is None:
                     return
                 self.busy = True
             try:
-                self._run(spans)
+                if spans is not None:
+                    dispatched = self._dispatch(spans)
+                    if in_flight is not None:
+                        self._answer(in_flight)
+                    in_flight = dispatched
+                else:  # nothing to go yet: answer the batch on the device before waiting for more
+                    self._answer(in_flight)
+                    in_flight = None
             finally:
                 with self._condition:
-                    self.busy = False
+                    self.busy = in_flight is not None
                     self._condition.notify_all()
 
-    def _run(self, spans: list[tuple[Job, int, int]]) -> None:
+    def _dispatch(self, spans: list[tuple[Job, int, int]]) -> Flight | None:
+        """Starts the batch of `spans` on the device (None: it failed, and so did its requests)."""
         rows = np.concatenate([job.records[start:stop] for job, start, stop in spans])
         size = padded_size(len(rows), self.sizes)
         self.observe("batch", len(rows))
         self.observe("padded", size)
         model = self.models[size]
         try:
-            outputs = model.fetch(model.dispatch(pad_rows(rows, size)))
+            return Flight(spans, size, model, model.dispatch(pad_rows(rows, size)))
         except Exception as err:  # noqa: BLE001 - one failed batch fails its requests, the server goes on
-            for job, _, _ in spans:
-                if not job.future.done():
-                    job.future.set_exception(RuntimeError(f"the model failed on a batch of {size}: {err}"))
+            _fail(spans, size, err)
+            return None
+
+    def _answer(self, flight: Flight | None) -> None:
+        """Fetches a batch in flight and gives each of its requests its own rows."""
+        if flight is None:
+            return
+        try:
+            outputs = flight.model.fetch(flight.handle)
+        except Exception as err:  # noqa: BLE001 - as in _dispatch
+            _fail(flight.spans, flight.size, err)
             return
         offset = 0
-        for job, start, stop in spans:
+        for job, start, stop in flight.spans:
             job.add({key: np.asarray(value)[offset:offset + stop - start] for key, value in outputs.items()})
             offset += stop - start
+
+
+@dataclasses.dataclass
+class Flight:
+    """A batch dispatched and not fetched yet."""
+
+    spans: list[tuple[Job, int, int]]
+    size: int
+    model: Any
+    handle: Any
+
+
+def _fail(spans: list[tuple[Job, int, int]], size: int, err: Exception) -> None:
+    for job, _, _ in spans:
+        if not job.future.done():
+            job.future.set_exception(RuntimeError(f"the model failed on a batch of {size}: {err}"))
