@@ -323,4 +323,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "    if reason:\n", "    if reason and False:\n",
            ("tests/test_mars_eval.py::test_a_run_folder_that_cannot_take_the_report_is_named_before_evaluating_and_output_is_the_way",),
            "a run folder the report cannot be written to found out only after the evaluation, as an OSError"),
+    Mutant("reader-opened-with-orbax-read-only", "train/checkpoint.py", "_reading",
+           "ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)",
+           "ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False, read_only=True)",
+           ("tests/test_read_only_store.py",),
+           "a run store opened with Orbax's read_only, which warns 'Given directory is read only' on every load"),
+    Mutant("batch-in-flight-held-for-the-next", "eval/serving/batcher.py", "Batcher._loop",
+           "spans = self._gather(wait=in_flight is None)", "spans = self._gather(wait=True)",
+           ("tests/test_serve_batcher.py::test_a_batch_in_flight_is_answered_without_waiting_for_the_next_batch_to_fill",),
+           "the batch on the device left unfetched while the next one waits for company: its requests wait too"),
+    Mutant("quantize-config-written-into-the-source", "eval/quantize.py", "quantize_checkpoint",
+           'qconfig.save(output / "config.json")', 'qconfig.save(workdir / "config.json")',
+           ("tests/test_read_only_store.py",),
+           "quantize rewrites the source run's config.json: a write into a read-only model store (root is not "
+           "stopped by the mode; the listing of names, sizes and times is)"),
 )
