@@ -115,3 +115,27 @@ def test_an_exported_model_is_served_in_every_size_and_answers_as_predict_with_i
         got = _infer(client, "deepfake", paths, ["fake_probability"])
     for path, probability in zip(paths, got["fake_probability"], strict=True):
         assert abs(probability - frames[path.name]) <= 1e-5
+
+
+def test_a_video_sent_as_bytes_gets_predicts_score_faces_and_reason(domain_runs, tmp_path):
+    """Deepfake videos as BYTES (no name: the container is told by its signature): the fake
+    probability of predict's videos.csv for the same file (the mean over its sampled faces), the
+    faces found, and for a video without a face NaN with predict's reason; bytes that are no video
+    are a 400 naming the input."""
+    from videoutil import pan, wall, write_video
+
+    workdir = domain_runs["deepfake"]
+    videos = [write_video(tmp_path / "in" / "face.mp4", pan(12)), write_video(tmp_path / "in" / "wall.mp4", wall(12))]
+    predict(workdir, tmp_path / "in", tmp_path / "out", progress=False)
+    rows = {r["video"]: r for r in csv.DictReader((tmp_path / "out" / "videos.csv").open())}
+    with serving(workdir, max_batch=16) as server:
+        client = triton.InferenceServerClient(server.url)
+        got = _infer(client, "deepfake", videos, ["fake_probability", "faces_found", "reason"])
+        cut = server.post("/v2/models/deepfake/infer", data=json.dumps({"inputs": [
+            {"name": "image", "shape": [1], "datatype": "BYTES", "data": ["\0\0\0\x18ftypmp42 not a video"]}]}))
+    face, no_face = rows["face.mp4"], rows["wall.mp4"]
+    assert int(face["faces_found"]) > 0 and got["faces_found"].tolist() == [int(face["faces_found"]), 0]
+    assert abs(got["fake_probability"][0] - float(face["fake_probability"])) <= 1e-5
+    assert np.isnan(got["fake_probability"][1]) and no_face["fake_probability"] == ""
+    assert got["reason"][0].decode() == "" and got["reason"][1].decode() == no_face["reason"] != ""
+    assert cut.status_code == 400 and "cannot read video image[0]" in cut.json()["error"]

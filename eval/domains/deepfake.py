@@ -82,30 +82,52 @@ class DeepfakeIO:
         return np.stack([model_input(crops[i]) for i in clip])[None], found
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
+        from triskele.train.data.images import EncodedImage
         from triskele.train.domains.deepfake.data import sample_uniformly
-        from triskele.train.domains.deepfake.faces import video_faces
-        from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
+        from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES, video_suffix
 
-        if unit.paths[0].suffix.lower() in VIDEO_SUFFIXES:
-            faces = video_faces(unit.paths[0], self.per_video, limits=self.limits)
-            records, found = self._records(faces.crops, [f"{i:06d}" for i in faces.indices],
-                                           [" ".join(map(str, b)) for b in faces.boxes], faces.frames_sampled)
-            found.reason = faces.reason or found.reason
-            found.crops = faces.crops if self.save_faces else None
-            return records, found
+        first = unit.paths[0]
+        if isinstance(first, EncodedImage) and (suffix := video_suffix(first.data[:16])) is not None:
+            return self._sent_video(first, suffix)
+        if first.suffix.lower() in VIDEO_SUFFIXES:
+            return self._video(first, str(first))
         chosen = sample_uniformly(list(unit.paths), self.per_video)
         return self._records(chosen, [p.name for p in chosen], [""] * len(chosen), len(chosen))
 
-    @property
-    def serving_outputs(self) -> dict[str, tuple[str, list[int]]]:
-        """What the server answers for one face image (`respond`): name -> (datatype, shape)."""
-        if self.clip != 1:
-            raise ValueError(f"serving scores single face images, with a frame model; this run's model scores clips "
-                             f"of model.frames={self.clip} frames (videos are not served yet)")
-        return {"fake_probability": ("FP32", [])}
+    def _video(self, path: Path, name: str) -> tuple[np.ndarray, _Found]:
+        """A video file's faces (errors call it `name`) into records, as predict reads it."""
+        from triskele.train.domains.deepfake.faces import video_faces
+
+        try:
+            faces = video_faces(path, self.per_video, limits=self.limits)
+        except ValueError as err:
+            raise ValueError(str(err).replace(str(path), name)) from None
+        records, found = self._records(faces.crops, [f"{i:06d}" for i in faces.indices],
+                                       [" ".join(map(str, b)) for b in faces.boxes], faces.frames_sampled)
+        found.reason = faces.reason or found.reason
+        found.crops = faces.crops if self.save_faces else None
+        return records, found
+
+    def _sent_video(self, sent: Any, suffix: str) -> tuple[np.ndarray, _Found]:
+        """A video sent as bytes (served): OpenCV reads files only, so it is read from a private
+        temporary file (removed at once) with the checks and sampling of a video file."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="triskele-video-") as folder:
+            path = Path(folder) / f"video{suffix}"
+            path.write_bytes(sent.data)
+            return self._video(path, sent.name)
+
+    serving_outputs = {"fake_probability": ("FP32", []), "faces_found": ("INT32", []), "reason": ("BYTES", [])}
+    """What the server answers for one input, a face image or a video file (`respond`): name ->
+    (datatype, shape)."""
 
     def respond(self, found: _Found, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"fake_probability": np.asarray(outputs["fake_probability"][0], np.float32)}
+        """The input's fake probability as predict's videos.csv gives it (a face image: its own; a
+        video: the mean over its scored faces, NaN with the reason when none is), the faces found."""
+        probability = video_probability(outputs)
+        return {"fake_probability": np.asarray(np.nan if probability is None else probability, np.float32),
+                "faces_found": np.asarray(found.faces_found, np.int32), "reason": np.asarray(found.reason, object)}
 
     def write(self, unit, found: _Found, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
         import io
@@ -118,7 +140,7 @@ class DeepfakeIO:
             Image.fromarray(crop).save(buffer, format="PNG")
             write_atomically(self.save_faces / unit.key / f"{name}.png", buffer.getvalue())
         return {"video": unit.key, "frames_sampled": found.frames_sampled, "faces_found": found.faces_found,
-                "records": len(scores), "fake_probability": float(np.mean(scores)) if scores else None,
+                "records": len(scores), "fake_probability": video_probability(outputs),
                 "reason": found.reason, "frames": [[n, p, b] for n, p, b in zip(found.names, scores, found.boxes,
                                                                                  strict=False)]}
 
@@ -138,6 +160,12 @@ class DeepfakeIO:
                       [[r["video"], name, score(p), box] for r in rows for name, p, box in r["frames"]])
             written.append("frames.csv")
         return written
+
+
+def video_probability(outputs: dict[str, np.ndarray]) -> float | None:
+    """A video's fake probability: the mean of its scored records' (None: no face was scored)."""
+    scores = outputs.get("fake_probability", [])
+    return float(np.mean(np.asarray(scores, np.float64))) if len(scores) else None
 
 
 def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> DeepfakeIO:

@@ -178,6 +178,16 @@ def build_app(state: ServeState) -> Starlette:
         finally:
             state.in_flight -= 1
 
+    async def _run(records: np.ndarray, deadline: float) -> dict[str, np.ndarray]:
+        """The model's rows for `records` (n >= 1) through the batcher, within the deadline."""
+        job = state.batcher.submit(records, deadline)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(job.future), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            job.abandoned = True
+            raise RequestError(504, f"no answer within the request deadline of {state.timeout:g} s "
+                               "(--timeout-seconds)") from None
+
     async def _infer(request: Request) -> Response:
         deadline = time.monotonic() + state.timeout
         body = await body_of(request)
@@ -188,13 +198,7 @@ def build_app(state: ServeState) -> Starlette:
             return parsed, state.decoder.decode(parsed.inputs)
 
         parsed, decoded = await loop.run_in_executor(state.pool, decode)
-        job = state.batcher.submit(decoded.records, deadline)
-        try:
-            outputs = await asyncio.wait_for(asyncio.wrap_future(job.future), max(deadline - time.monotonic(), 0))
-        except TimeoutError:
-            job.abandoned = True
-            raise RequestError(504, f"no answer within the request deadline of {state.timeout:g} s "
-                               "(--timeout-seconds)") from None
+        outputs = await _run(decoded.records, deadline) if len(decoded.records) else {}
 
         def encode():
             return encode_response(state.name, parsed, state.decoder.respond(decoded, outputs))

@@ -1,8 +1,8 @@
 """What a request's tensors become: model records, and the model's rows back into the answer.
 Two inputs: `image`, BYTES of encoded images (PNG/JPEG), each read by the domain's predict reader
-(the same format and pixel checks before decoding, the same preprocessing) and answered with the
-domain's outputs for it (`respond`); or `input`, FP32 records already shaped as the model takes
-them, answered with the model's raw outputs."""
+(the same format and pixel checks before decoding, the same preprocessing; deepfake's reader takes
+video files as well) and answered with the domain's outputs for it (`respond`); or `input`, FP32
+records already shaped as the model takes them, answered with the model's raw outputs."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class Decoder:
                 raise bad(str(err)) from None
             parts.append(np.asarray(records, np.float32))
             contexts.append((context, len(records)))
-        return Decoded(np.concatenate(parts), contexts)
+        return Decoded(np.concatenate(parts), contexts)  # no records at all (a video without a face): no model call
 
     def respond(self, decoded: Decoded, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The answer's tensors: the domain's per image, stacked, or the raw rows."""

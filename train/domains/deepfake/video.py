@@ -15,6 +15,19 @@ from triskele.train.config import InputLimits
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 
 
+def video_suffix(head: bytes) -> str | None:
+    """The suffix of the container whose signature `head` (a file's first 16 bytes) starts with:
+    '.mp4' for ISO media (MP4, MOV: 'ftyp' at byte 4), '.mkv' for Matroska/WebM (EBML), '.avi' for
+    RIFF AVI; None for anything else (a video sent as bytes has no name to go by)."""
+    if head[4:8] == b"ftyp":
+        return ".mp4"
+    if head[:4] == b"\x1a\x45\xdf\xa3":
+        return ".mkv"
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return ".avi"
+    return None
+
+
 def _capture(path: Path, limits: InputLimits):
     """The opened video, its header checked: (capture, frame count the header declares, 0 if none)."""
     import cv2
