@@ -5,6 +5,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -40,3 +41,37 @@ def test_jobset_pods_run_unprivileged_and_only_the_jobs_pods_reach_them():
     assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["podSelector"]["matchLabels"] == own_pods
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": own_pods}}]}]
+
+
+def test_the_serving_deployment_probes_readiness_drains_inside_its_grace_and_mounts_the_model_read_only(capsys):
+    from triskele.eval.cli import main as eval_main
+
+    deployment, service = yaml.safe_load_all((EXAMPLES / "serve-deployment.yaml").read_text())
+    assert deployment["kind"] == "Deployment" and service["kind"] == "Service"
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    (container,) = pod["spec"]["containers"]
+    args = container["args"]
+    port = int(args[args.index("--port") + 1])
+    assert container["ports"] == [{"name": "http", "containerPort": port}]
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and int(annotations["prometheus.io/port"]) == port
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert pod["spec"]["terminationGracePeriodSeconds"] > float(args[args.index("--drain-seconds") + 1])
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    workdir = args[args.index("--workdir") + 1]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    (store,) = [m for m in container["volumeMounts"] if workdir.startswith(m["mountPath"] + "/")]
+    assert store["readOnly"] is True and volumes[store["name"]]["persistentVolumeClaim"]["readOnly"] is True
+    # every flag is one of serve's own (its --help lists them)
+    assert container["command"][-3:] == ["-m", "triskele.eval", "serve"]
+    with pytest.raises(SystemExit) as parsed:
+        eval_main(["serve", "--help"])
+    assert parsed.value.code == 0
+    listed = capsys.readouterr().out
+    assert all(f"{flag} " in listed for flag in args if flag.startswith("--")), listed

@@ -6,6 +6,7 @@ import csv
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import jax
 import numpy as np
 import pytest
 import tritonclient.http as triton
@@ -139,3 +140,24 @@ def test_a_video_sent_as_bytes_gets_predicts_score_faces_and_reason(domain_runs,
     assert np.isnan(got["fake_probability"][1]) and no_face["fake_probability"] == ""
     assert got["reason"][0].decode() == "" and got["reason"][1].decode() == no_face["reason"] != ""
     assert cut.status_code == 400 and "cannot read video image[0]" in cut.json()["error"]
+
+
+def test_a_tensor_parallel_mesh_serves_the_data_parallel_answer(domain_runs):
+    """`serve --mesh data=2,tensor=4` (a model split over devices: the Megatron layout, heads over
+    tensor) answers FP32 records as the model on data=8 does, up to float reassociation; its batch
+    sizes are multiples of data x fsdp = 2."""
+    from triskele.eval.model import load_model
+
+    workdir = domain_runs["deepfake"]
+    records = np.random.default_rng(1).random((5, 32, 32, 3), np.float32)
+    expected = load_model(workdir, mesh="data=8", batch=8)(records)["fake_probability"]
+    with serving(workdir, mesh="data=2,tensor=4", max_batch=8) as server:
+        model = server.state.batcher.models[2]
+        assert dict(model.mesh.shape) == {"pipeline": 1, "data": 2, "fsdp": 1, "tensor": 4}
+        assert any("tensor" in str(leaf.sharding.spec) for leaf in jax.tree.leaves(model.params))
+        client = triton.InferenceServerClient(server.url)
+        assert client.get_model_config("deepfake")["dynamic_batching"]["preferred_batch_size"] == [2, 4, 8]
+        tensor = triton.InferInput("input", list(records.shape), "FP32")
+        tensor.set_data_from_numpy(records, binary_data=True)
+        got = client.infer("deepfake", [tensor]).as_numpy("fake_probability")
+    np.testing.assert_allclose(got, expected, atol=1e-5)
