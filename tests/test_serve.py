@@ -161,3 +161,25 @@ def test_a_tensor_parallel_mesh_serves_the_data_parallel_answer(domain_runs):
         tensor.set_data_from_numpy(records, binary_data=True)
         got = client.infer("deepfake", [tensor]).as_numpy("fake_probability")
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_the_readmes_curl_example_gets_the_answer_tritonclient_gets(domain_runs, tmp_path):
+    import re
+    import subprocess
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"With curl.*?```bash\n(.*?)```", readme, re.S).group(1)
+    Image.fromarray(noise(7, (36, 36), 3)).save(tmp_path / "face.png")
+    with serving(domain_runs["deepfake"], max_batch=8) as server:
+        script = block.replace("127.0.0.1:8000", server.url)
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        expected = _infer(triton.InferenceServerClient(server.url), "deepfake", [tmp_path / "face.png"],
+                          ["fake_probability"])["fake_probability"]
+    assert done.returncode == 0, done.stderr
+    config, answer = json.JSONDecoder().raw_decode(done.stdout)[0], json.loads(done.stdout[done.stdout.index(
+        '{"model_name"'):])
+    assert config["name"] == "deepfake" and config["max_batch_size"] == 8
+    outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+    np.testing.assert_allclose(outputs["fake_probability"], expected, atol=1e-6)
+    assert outputs["faces_found"] == [1]
