@@ -88,6 +88,12 @@ def test_boxes_group_into_rows_and_stacks_into_columns_and_spaces_into_gaps():
     assert [c.sku for c in columns] == ["a", "b", "s", "", "c"]  # the stack once, under its lowest box's SKU
     assert sorted(columns[2].boxes) == [2, 3]
     assert columns_of(rows[1], boxes, skus)[1].sku == "d"
+    # An unrecognised box in a stack (most often the facing found twice) yields to a recognised one,
+    # in either order, the lowest recognised first; a stack of unrecognised boxes stays unrecognised.
+    for order in ([2, 3], [3, 2]):
+        assert columns_of(order, boxes, [None, None, None, "s-top"])[0].sku == "s-top"
+        assert columns_of(order, boxes, [None, None, "s", "s-top"])[0].sku == "s"
+        assert columns_of(order, boxes, [None] * 4)[0].sku is None
     # A space under 0.6 of a facing is no gap.
     narrow = np.array([[0, 0, 10, 10], [15, 0, 25, 10]], np.float32)
     assert [c.sku for c in columns_of([0, 1], narrow, ["a", "b"])] == ["a", "b"]

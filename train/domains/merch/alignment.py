@@ -60,9 +60,10 @@ def group_rows(boxes: np.ndarray) -> list[list[int]]:
 
 def columns_of(row: Sequence[int], boxes: np.ndarray, skus: Sequence[str | None]) -> list[Column]:
     """A row's boxes as facing columns (a stack, boxes overlapping in x by over half the narrower,
-    is one column with its lowest box's SKU), then the shelf gaps between columns as columns of
-    SKU "" (a space of at least OUT_OF_STOCK_WIDTH x the expected facing width: the narrower of
-    its two neighbours, since a gap most often opens inside a run of one SKU)."""
+    is one column with the SKU of its lowest recognised box: an unrecognised box over a recognised
+    one is most often the same facing found twice, loosely), then the shelf gaps between columns
+    as columns of SKU "" (a space of at least OUT_OF_STOCK_WIDTH x the expected facing width: the
+    narrower of its two neighbours, since a gap most often opens inside a run of one SKU)."""
     columns: list[Column] = []
     for i in row:
         x1, x2 = float(boxes[i, 0]), float(boxes[i, 2])
@@ -70,9 +71,10 @@ def columns_of(row: Sequence[int], boxes: np.ndarray, skus: Sequence[str | None]
             last = columns[-1]
             overlap = min(last.x2, x2) - max(last.x1, x1)
             if overlap > 0.5 * min(last.x2 - last.x1, x2 - x1):
-                lowest = i if boxes[i, 3] > max(boxes[j, 3] for j in last.boxes) else last.boxes[0]
-                columns[-1] = Column(min(last.x1, x1), max(last.x2, x2), skus[lowest], (lowest, *[
-                    j for j in (*last.boxes, i) if j != lowest]))
+                stack = (*last.boxes, i)
+                lowest = max(stack, key=lambda j: (skus[j] is not None, boxes[j, 3]))
+                columns[-1] = Column(min(last.x1, x1), max(last.x2, x2), skus[lowest],
+                                     (lowest, *[j for j in stack if j != lowest]))
                 continue
         columns.append(Column(x1, x2, skus[i], (i,)))
     if not columns:
