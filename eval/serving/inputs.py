@@ -2,7 +2,10 @@
 Two inputs: `image`, BYTES of encoded images (PNG/JPEG), each read by the domain's predict reader
 (the same format and pixel checks before decoding, the same preprocessing; deepfake's reader takes
 video files as well) and answered with the domain's outputs for it (`respond`); or `input`, FP32
-records already shaped as the model takes them, answered with the model's raw outputs."""
+records already shaped as the model takes them, answered with the model's raw outputs. A reader
+that takes files beside each image (a shelf photo's planogram) names them in `serving_inputs`:
+optional BYTES inputs sent with `image`, one element per image (an empty one: none for that image),
+handed to the reader after the image, in that order."""
 
 from __future__ import annotations
 
@@ -29,10 +32,13 @@ class Decoder:
     def __init__(self, io: Any, record_shape: tuple[int, ...]):
         self.io, self.record_shape = io, tuple(record_shape)
         self.outputs = io.serving_outputs  # a domain (or task) that serves nothing yet refuses here
+        self.extras: dict[str, tuple[str, list[int]]] = getattr(io, "serving_inputs", {})  # most readers take none
 
     def metadata(self, raw_outputs: dict[str, tuple[int, ...]]) -> dict[str, list[dict[str, Any]]]:
         """The inputs and outputs of the model's metadata (-1: a size that varies)."""
         return {"inputs": [{"name": IMAGE_INPUT, "datatype": "BYTES", "shape": [-1]},
+                           *[{"name": name, "datatype": datatype, "shape": shape}
+                             for name, (datatype, shape) in self.extras.items()],
                            {"name": RECORDS_INPUT, "datatype": "FP32", "shape": [-1, *self.record_shape]}],
                 "outputs": [{"name": name, "datatype": datatype, "shape": [-1, *shape]}
                             for name, (datatype, shape) in self.outputs.items()]
@@ -43,9 +49,10 @@ class Decoder:
         from triskele.eval.engine import Unit
         from triskele.train.data.images import EncodedImage
 
-        if sorted(inputs) not in ([IMAGE_INPUT], [RECORDS_INPUT]):
-            raise bad(f"send one input, {IMAGE_INPUT!r} (BYTES: encoded PNG or JPEG images) or {RECORDS_INPUT!r} "
-                      f"(FP32 records of shape [n, {', '.join(map(str, self.record_shape))}]); got "
+        if list(inputs) != [RECORDS_INPUT] and (IMAGE_INPUT not in inputs or set(inputs) - {IMAGE_INPUT, *self.extras}):
+            beside = "".join(f", with {name!r} optional" for name in self.extras)
+            raise bad(f"send one input, {IMAGE_INPUT!r} (BYTES: encoded PNG or JPEG images{beside}) or "
+                      f"{RECORDS_INPUT!r} (FP32 records of shape [n, {', '.join(map(str, self.record_shape))}]); got "
                       f"{', '.join(map(repr, inputs))}")
         if RECORDS_INPUT in inputs:
             records = inputs[RECORDS_INPUT]
@@ -60,11 +67,17 @@ class Decoder:
             raise bad(f"input {IMAGE_INPUT!r} must be BYTES (encoded images), got {images.dtype}")
         if not images.size:
             raise bad(f"input {IMAGE_INPUT!r} holds no image")
+        extras = {name: inputs[name].ravel() for name in self.extras if name in inputs}
+        for name, files in extras.items():
+            if inputs[name].dtype != object or len(files) != images.size:
+                raise bad(f"input {name!r} must be BYTES with one element per image ({images.size}), got "
+                          f"{inputs[name].dtype} of shape {list(inputs[name].shape)}")
         parts, contexts = [], []
         for i, data in enumerate(images.ravel()):
             name = f"{IMAGE_INPUT}[{i}]"
+            beside = tuple(EncodedImage(files[i], f"{extra}[{i}]") for extra, files in extras.items() if len(files[i]))
             try:
-                records, context = self.io.read(Unit(name, (EncodedImage(data, name),)))
+                records, context = self.io.read(Unit(name, (EncodedImage(data, name), *beside)))
             except ValueError as err:
                 raise bad(str(err)) from None
             parts.append(np.asarray(records, np.float32))

@@ -31,8 +31,9 @@ _SIGNATURES = {b"II*\x00": "TIFF", b"MM\x00*": "TIFF", b"GIF87a": "GIF", b"GIF89
 
 
 class EncodedImage:
-    """An image file's bytes held in memory (an image sent to the server), which every reader here
-    opens as it opens a file, with the same checks: a domain's reader takes it where it takes a path.
+    """An image file's bytes held in memory (an image sent to the server, or the planogram sent with
+    a shelf photo), which every reader here opens as it opens a file, with the same checks: a
+    domain's reader takes it where it takes a path.
     `name` is what errors call it; `suffix` is empty (it is no video)."""
 
     suffix = ""

@@ -87,6 +87,11 @@ def shelf_overlay(photo: Image.Image, report: dict[str, Any]) -> Image.Image:
     return with_legend(image, lines + [(COLOURS[s], f"{s.replace('_', ' ')}: {counts[s]}") for s in STATUSES])
 
 
+def report_json(report: dict[str, Any]) -> bytes:
+    """A photo's report as NAME.json holds it (and serve's `report` answers it)."""
+    return (json.dumps(report, indent=2) + "\n").encode()
+
+
 class ShelfIO:
     """Predict of a facing-detector run (see the module doc). A photo's planogram must be the
     `shelves` form; a malformed one, one over a limit, or an unreadable photo goes to errors.csv."""
@@ -113,37 +118,65 @@ class ShelfIO:
         units = planogram_units(root, files)
         refuse_clashes({u.key: [u.named(".json"), u.named(".png")] for u in units}, (*JOB_FILES, "compliance.csv"))
         planned = next((u.paths[1] for u in units if len(u.paths) == 2), None)
-        if planned is not None and self.gallery is None:
-            from triskele.eval.domains.merch.gallery import gallery_command_for
-
-            raise ValueError(f"planogram {planned} needs a gallery index to recognise the facings it plans; build "
-                             f"one with {gallery_command_for(self.meta, self.workdir)}")
+        if planned is not None:
+            self._check_gallery(planned)
         return units
 
+    def _check_gallery(self, planogram) -> None:
+        """ValueError naming the command that builds the gallery index a planogram's facings need."""
+        if self.gallery is None:
+            from triskele.eval.domains.merch.gallery import gallery_command_for
+
+            raise ValueError(f"planogram {planogram} needs a gallery index to recognise the facings it plans; build "
+                             f"one with {gallery_command_for(self.meta, self.workdir)}")
+
     def read(self, unit) -> tuple[np.ndarray, Any]:
+        """The photo's tiles, and the context of its report: its name, its size at `shelf_scale`, its
+        shelves' plan (None without a planogram)."""
         from triskele.train.domains.merch.data import read_planogram
 
         shelves = None
         if len(unit.paths) == 2:
+            self._check_gallery(unit.paths[1])  # predict checks every unit first (`units`); serve per photo
             planogram = read_planogram(unit.paths[1], self.limits)
             if "shelves" not in planogram:
                 raise ValueError(f"planogram {unit.paths[1]} is a grid ('rows'); a facing detector's photo is "
                                  "planned by shelves: {\"shelves\": [[sku, ...], ...]} top to bottom, left to right")
             shelves = [[None if v == str(EMPTY) or v == EMPTY else v for v in shelf] for shelf in planogram["shelves"]]
         photo = read_photo(unit.paths[0], self.scale, self.limits)
-        return photo_tiles(photo, self.tile, self.overlap), {"shelves": shelves, "size": photo.shape[:2]}
+        return photo_tiles(photo, self.tile, self.overlap), {"photo": unit.key, "shelves": shelves,
+                                                             "size": photo.shape[:2]}
+
+    def report(self, context, outputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The photo's report from its tiles' outputs, as NAME.json holds it: the photo's name, every
+        facing (its box in the photo's own pixels, SKU, confidence, similarity, row, status), the
+        rows and, with a planogram, the gaps, counts and score (`shelf_report`)."""
+        height, width = context["size"]
+        boxes, scores, embeddings = facings_of(outputs, height, width, self.tile, self.overlap, self.threshold)
+        skus, cosines = recognise(embeddings, self.gallery, self.unknown)
+        return {"photo": context["photo"], **shelf_report(boxes / self.scale, scores, skus, cosines,
+                                                          context["shelves"])}
+
+    serving_inputs = {"planogram": ("BYTES", [-1])}
+    """What the server takes beside each photo (`image`): its planogram, the `shelves` JSON (optional;
+    an empty element: that photo has none)."""
+    serving_outputs = {"report": ("BYTES", []), "found": ("INT32", []), "score": ("FP32", [])}
+    """What the server answers for one photo (`respond`): name -> (datatype, shape)."""
+
+    def respond(self, context, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The photo's report, the very JSON predict writes to NAME.json; the facings found; the
+        compliance score (NaN without a planogram)."""
+        report = self.report(context, outputs)
+        return {"report": np.asarray(report_json(report), object), "found": np.asarray(report["found"], np.int32),
+                "score": np.asarray(report.get("score", np.nan), np.float32)}
 
     def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
         from triskele.eval.domains.merch.legend import overlay_png
         from triskele.train.bookkeeping.files import write_atomically
         from triskele.train.data.images import open_image
 
-        height, width = context["size"]
-        boxes, scores, embeddings = facings_of(outputs, height, width, self.tile, self.overlap, self.threshold)
-        skus, cosines = recognise(embeddings, self.gallery, self.unknown)
-        report = shelf_report(boxes / self.scale, scores, skus, cosines, context["shelves"])
-        write_atomically(out_dir / unit.named(".json"), (json.dumps({"photo": unit.key, **report}, indent=2)
-                                                          + "\n").encode())
+        report = self.report(context, outputs)
+        write_atomically(out_dir / unit.named(".json"), report_json(report))
         write_atomically(out_dir / unit.named(".png"), overlay_png(shelf_overlay(open_image(unit.paths[0], self.limits),
                                                                                report)))
         return {"photo": unit.key, "found": report["found"], **{k: report[k] for k in ("planned", "counts", "score")

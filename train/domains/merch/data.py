@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from triskele.train.config import InputLimits
-from triskele.train.data.images import IMAGE_SUFFIXES, image_size, open_image, read_image
+from triskele.train.data.images import (
+    IMAGE_SUFFIXES,
+    EncodedImage,
+    ImageSource,
+    image_size,
+    open_image,
+    read_image,
+)
 from triskele.train.data.splits import check_split, hold_out
 
 EMPTY = -1
@@ -314,8 +321,9 @@ class ProductImages:
         return _record(np.clip(image, 0, 1), label, kind)
 
 
-def read_planogram(path: Path, limits: InputLimits | None = None) -> dict:
-    """Planogram JSON, one of two forms (a SKU: a string or an integer; null: a gap):
+def read_planogram(path: ImageSource, limits: InputLimits | None = None) -> dict:
+    """Planogram JSON, from a file or from bytes sent to the server (`EncodedImage`), one of two
+    forms (a SKU: a string or an integer; null: a gap):
     - gridded: {"rows": [[sku or null, ...], ...], "grid": {"left", "top", "width", "height"}}, the
       pixel box the facings tile in rows x columns of equal cells (default the whole image);
     - shelves: {"shelves": [[sku or null, ...], ...]}, each shelf top to bottom, its facings left to
@@ -324,8 +332,10 @@ def read_planogram(path: Path, limits: InputLimits | None = None) -> dict:
     before it is read) or `limits.planogram_facings`."""
     limits = limits or InputLimits()
     try:
-        limits.check("planogram_bytes", Path(path).stat().st_size, "the file is")
-        data = json.loads(Path(path).read_bytes())
+        sent = isinstance(path, EncodedImage)
+        limits.check("planogram_bytes", len(path.data) if sent else Path(path).stat().st_size,
+                     "it is" if sent else "the file is")
+        data = json.loads(path.data if sent else Path(path).read_bytes())
         if isinstance(data, dict) and "shelves" in data and "rows" not in data:
             return {"shelves": _shelves(data["shelves"], limits)}
         if not isinstance(data, dict) or "rows" not in data:
