@@ -119,3 +119,24 @@ def test_a_shelf_photo_served_gets_predicts_report_with_and_without_its_planogra
     assert too_many[0] == 400 and "one element per image (1)" in too_many[1]
     assert not_json[0] == 400 and "planogram planogram[0] is not valid" in not_json[1]
     assert gridded[0] == 400 and "is a grid ('rows')" in gridded[1]
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('{"shelves": [["1", null], ["2"]]}', None),
+    ('{"shelves": []}', "'shelves' must be a non-empty list"),
+    (json.dumps({"shelves": [["1"] * 30] * 40}), "its shelves hold 1,200 facings, over limits.planogram_facings=1,000"),
+    ('{"shelves": [["1"]]}' + " " * (1 << 20), "it is 1,048,596 bytes, over limits.planogram_bytes=1,048,576"),
+    ("[" * 100_000, "its JSON is nested too deeply"),
+])
+def test_a_planogram_sent_as_bytes_is_read_with_the_files_checks_and_limits(text, reason, tmp_path):
+    from triskele.train.data.images import EncodedImage
+    from triskele.train.domains.merch.data import EMPTY, read_planogram
+
+    (tmp_path / "plan.json").write_text(text)
+    sent = EncodedImage(text.encode(), "planogram[0]")
+    if reason is None:
+        assert read_planogram(sent) == read_planogram(tmp_path / "plan.json") == {"shelves": [["1", EMPTY], ["2"]]}
+        return
+    with pytest.raises(ValueError, match="planogram planogram\\[0\\] is not valid") as refused:
+        read_planogram(sent)
+    assert reason in str(refused.value)
