@@ -4,7 +4,15 @@ boxes, stacks merged, shelf gaps found from the spaces between facings."""
 
 import numpy as np
 import pytest
-from triskele.train.domains.merch.alignment import align, columns_of, compliance, group_rows, row_statuses
+from triskele.train.domains.merch.alignment import (
+    GAP_FILL,
+    align,
+    columns_of,
+    compliance,
+    group_rows,
+    row_statuses,
+    shelf_facings,
+)
 
 PLAN = ["a", "a", "b", "c", "c", "d"]
 SKUS = {"a", "b", "c", "d", "e"}
@@ -122,3 +130,17 @@ def test_the_truth_of_synthetic_photos_aligns_to_their_injected_violations():
         found.update({k: got["counts"][k] for k in truth})
     for kind, count in truth.items():
         assert 0.7 * count <= found[kind] <= count, (kind, found[kind], count)
+
+
+def test_a_less_certain_detection_standing_in_a_shelf_gap_is_a_facing():
+    # One row of 10-px facings at x 0, 10, 20, 40, 60, 80 (threshold 0.5): the spaces at 30 and 50
+    # and 70 are gaps. Below the threshold: two detections in the gap at 30 (0.45 and 0.4: the
+    # better is the facing), one in the gap at 50 under GAP_FILL x 0.5, one over the facing at 20
+    # (no gap there), one centred in the gap at 70 but below the row's height.
+    row = [[x, 0, x + 10, 30] for x in (0, 10, 20, 40, 60, 80)]
+    below = [[30, 0, 40, 30], [31, 1, 39, 29], [50, 0, 60, 30], [21, 0, 29, 30], [70, 40, 80, 60]]
+    boxes = np.array(row + below, np.float32)
+    scores = np.array([0.9] * 6 + [0.4, 0.45, GAP_FILL * 0.5 - 0.01, 0.45, 0.45])
+    assert shelf_facings(boxes, scores, 0.5).tolist() == [0, 1, 2, 3, 4, 5, 7]
+    assert shelf_facings(boxes, scores, 0.3).tolist() == list(range(11))  # all above the threshold
+    assert shelf_facings(boxes[6:], scores[6:], 0.5).tolist() == []  # no facing: no row, no gap

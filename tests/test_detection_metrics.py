@@ -49,7 +49,8 @@ def test_no_detections_score_zero():
 
 def test_count_errors_per_photo():
     scores = [np.array([0.9, 0.8, 0.2, 0.6, 0.55]), np.array([0.1, 0.7])]  # 4 found of 4; 1 of 2
-    got = count_errors(TRUTH, scores, threshold=0.5)
+    boxes = [np.concatenate([TRUTH[0], [[80, 0, 90, 10]]]), TRUTH[1]]
+    got = count_errors(TRUTH, boxes, scores, threshold=0.5)
     assert got == {"count_mae": 0.5, "count_error": pytest.approx(1 / 6)}
 
 

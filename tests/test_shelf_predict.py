@@ -113,3 +113,15 @@ def test_an_overlay_png_decodes_to_its_very_pixels():
         np.testing.assert_array_equal(np.asarray(decoded), pixels)
     grey = Image.new("L", (9, 4), 77)  # a picture in another mode is written as its RGB
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(overlay_png(grey)))), np.full((4, 9, 3), 77))
+
+
+def test_predict_takes_a_less_certain_detection_in_a_shelf_gap_as_evaluation_does():
+    # One tile, a row of 10-px facings with a space at 30; below the threshold 0.5 one detection in
+    # that gap (0.4) and one over the facing at 20 (0.45): the first is a facing, the second not.
+    boxes = [[x, 0, x + 10, 30] for x in (0, 10, 20, 40)] + [[30, 0, 40, 30], [21, 0, 29, 30]]
+    outputs = {"boxes": np.array([boxes], np.float32), "scores": np.array([[0.9, 0.8, 0.7, 0.6, 0.4, 0.45]]),
+               "embedding": np.eye(6, dtype=np.float32)[None]}
+    found, scores, embeddings = facings_of(outputs, 64, 64, 64, 16, threshold=0.5)
+    assert scores.tolist() == pytest.approx([0.9, 0.8, 0.7, 0.6, 0.4])  # best first
+    np.testing.assert_allclose(found[-1], [30, 0, 40, 30])
+    assert embeddings.argmax(1).tolist() == [0, 1, 2, 3, 4]  # each with its own embedding

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 from triskele.train.config import InputLimits
-from triskele.train.domains.merch.alignment import STATUSES, shelf_report
+from triskele.train.domains.merch.alignment import GAP_FILL, STATUSES, shelf_facings, shelf_report
 from triskele.train.domains.merch.data import EMPTY
 from triskele.train.domains.merch.tiles import merge_tiles, read_photo, tile_origins
 
@@ -38,16 +38,19 @@ def photo_tiles(photo: np.ndarray, tile: int, overlap: int) -> np.ndarray:
 def facings_of(outputs: dict[str, np.ndarray], height: int, width: int, tile: int, overlap: int,
                threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(boxes (N, 4), scores (N,), embeddings (N, D) or None) of the facings found on a photo's
-    tiles: merged across seams, those scoring at least `threshold`, best first."""
+    tiles: merged across seams, those scoring at least `threshold` and the shelf gaps' less certain
+    ones (`shelf_facings`, as evaluation counts them), best first."""
     per_tile = list(zip(outputs["boxes"], outputs["scores"], strict=True))
     boxes, scores, index = merge_tiles(per_tile, max(height, tile), max(width, tile), tile, overlap)
     centres = (boxes[:, :2] + boxes[:, 2:]) / 2
-    keep = (scores >= threshold) & (centres[:, 0] < width) & (centres[:, 1] < height)
+    keep = (scores >= GAP_FILL * threshold) & (centres[:, 0] < width) & (centres[:, 1] < height)
     order = np.flatnonzero(keep)[np.argsort(-scores[keep], kind="stable")]
+    clipped = np.clip(boxes[order], 0, [width, height, width, height])
+    chosen = shelf_facings(clipped, scores[order], threshold)  # ascending: still best first
+    order, clipped = order[chosen], clipped[chosen]
     embeddings = None
     if "embedding" in outputs:
         embeddings = outputs["embedding"].reshape(-1, outputs["embedding"].shape[-1])[index[order]]
-    clipped = np.clip(boxes[order], 0, [width, height, width, height])
     return clipped, scores[order], embeddings
 
 

@@ -1,7 +1,8 @@
 """Compliance judged on evaluation photos: each photo's planned facings given a status twice, from
-the detector's facings and recognised SKUs, and from the true boxes and SKUs through the same rows
-and alignment (what perfect perception would report); per status the precision, recall and F1 of
-the first against the second over all planned facings, and the mean absolute error of the score."""
+the detector's facings (`shelf_facings`, as predict finds them) and recognised SKUs, and from the
+true boxes and SKUs through the same rows and alignment (what perfect perception would report); per
+status the precision, recall and F1 of the first against the second over all planned facings, and
+the mean absolute error of the score."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
-from triskele.train.domains.merch.alignment import shelf_report
+from triskele.train.domains.merch.alignment import shelf_facings, shelf_report
 
 JUDGED = ("ok", "misplaced", "foreign", "out_of_stock", "missing")
 """Statuses a planned facing can have (`extra` is a found facing's, with no planned place)."""
@@ -52,10 +53,10 @@ def compliance_scores(totals: dict, score_threshold: float, unknown: float) -> d
         true_boxes = totals["true_boxes"][i][valid]
         truth = shelf_report(true_boxes, np.ones(len(true_boxes)), sku_names(totals["true_skus"][i][valid]),
                              [None] * len(true_boxes), shelves)
-        keep = totals["scores"][i] >= score_threshold
+        keep = shelf_facings(totals["boxes"][i], totals["scores"][i], score_threshold)
         found = shelf_report(totals["boxes"][i][keep], totals["scores"][i][keep],
                              sku_names(totals["sku"][i][keep], totals["sku_cosine"][i][keep], unknown),
-                             [None] * int(keep.sum()), shelves)
+                             [None] * len(keep), shelves)
         truth_statuses.append(planned_statuses(truth))
         found_statuses.append(planned_statuses(found))
         errors.append(abs(found["score"] - truth["score"]))

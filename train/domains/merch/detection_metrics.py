@@ -10,6 +10,7 @@ import io
 from collections.abc import Sequence
 
 import numpy as np
+from triskele.train.domains.merch.alignment import shelf_facings
 from triskele.train.domains.merch.recognition_metrics import match
 
 MAX_DETECTIONS = 300
@@ -57,11 +58,12 @@ def coco_scores(truth: Sequence[np.ndarray], boxes: Sequence[np.ndarray], scores
             f"ar{max_detections}": float(stats[8])}
 
 
-def count_errors(truth: Sequence[np.ndarray], scores: Sequence[np.ndarray], threshold: float) -> dict[str, float]:
+def count_errors(truth: Sequence[np.ndarray], boxes: Sequence[np.ndarray], scores: Sequence[np.ndarray],
+                 threshold: float) -> dict[str, float]:
     """count_mae: mean |facings found - facings there| per photo; count_error: that as a share of
-    the facings there (summed over photos)."""
+    the facings there (summed over photos). The facings found are predict's (`shelf_facings`)."""
     there = np.array([len(t) for t in truth], np.float64)
-    found = np.array([int(np.sum(np.asarray(s) >= threshold)) for s in scores], np.float64)
+    found = np.array([len(shelf_facings(b, s, threshold)) for b, s in zip(boxes, scores, strict=True)], np.float64)
     return {"count_mae": float(np.mean(np.abs(found - there))),
             "count_error": float(np.sum(np.abs(found - there)) / max(np.sum(there), 1))}
 
@@ -100,4 +102,4 @@ def threshold_scores(truth: Sequence[np.ndarray], boxes: Sequence[np.ndarray], s
     used = chosen if given is None else given
     kept = int(np.sum(score >= used))
     return {"score_threshold": chosen, "detection_f1": float(f1[kept - 1]) if kept else 0.0,
-            **count_errors(truth, scores, used)}
+            **count_errors(truth, boxes, scores, used)}
