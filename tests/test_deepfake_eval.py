@@ -86,11 +86,32 @@ def test_predict_writes_per_video_and_per_frame_csv(trained, tmp_path):
     videos = list(csv.DictReader((out / "videos.csv").open()))
     frame_rows = list(csv.DictReader((out / "frames.csv").open()))
     assert [v["video"] for v in videos] == ["000", "001", "002", "003"]
-    assert all(v["records"] == "4" for v in videos) and len(frame_rows) == 16
+    # predict samples DeepfakeBench's 32 frames per video, not the 4 the run trained on: all 6 here
+    assert all(v["records"] == "6" for v in videos) and len(frame_rows) == 24
     for video in videos:
         mine = [float(r["fake_probability"]) for r in frame_rows if r["video"] == video["video"]]
         assert float(video["fake_probability"]) == pytest.approx(np.mean(mine), abs=1e-6)
         assert all(0 <= p <= 1 for p in mine)
+
+
+def test_linked_frame_folders_are_read_and_two_of_one_name_keep_their_folders(trained, tmp_path):
+    """Issue 32 item 6: a folder of links to the dataset's video folders (the usual way to point at a
+    dataset without copying it) is read, and two videos both named 000 keep apart."""
+    write_ffpp(tmp_path / "ffpp")
+    real = tmp_path / "ffpp" / "original_sequences" / "youtube" / "c23" / "frames"
+    fake = tmp_path / "ffpp" / "manipulated_sequences" / "Deepfakes" / "c23" / "frames"
+    picked = tmp_path / "picked"
+    for folder, target in (("real", real / "000"), ("fake", fake / "000_001")):
+        (picked / folder).mkdir(parents=True)
+        (picked / folder / "000").symlink_to(target, target_is_directory=True)
+    out = tmp_path / "out"
+    assert eval_main(["predict", "--workdir", str(trained), "--input", str(picked), "--output", str(out),
+                      "--frames-per-video", "4"]) == 0
+    videos = {v["video"]: v for v in csv.DictReader((out / "videos.csv").open())}
+    assert set(videos) == {"real/000", "fake/000"} and all(v["records"] == "4" for v in videos.values())
+    assert videos["real/000"]["fake_probability"] != videos["fake/000"]["fake_probability"]
+    frames = list(csv.DictReader((out / "frames.csv").open()))
+    assert sorted(r["video"] for r in frames) == ["fake/000"] * 4 + ["real/000"] * 4
 
 
 def test_video_model_output_shape_and_sharding(devices):

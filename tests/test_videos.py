@@ -4,6 +4,7 @@ scikit-image ships."""
 
 import csv
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import time
 import numpy as np
 import pytest
 from PIL import Image
-from videoutil import FACE, face_centre, pan, pan_offsets, wall, write_video, zoom
+from videoutil import FACE, face_centre, pan, pan_offsets, slide, wall, write_video, zoom
 
 pytest.importorskip("dlib", reason="face detection needs dlib (pip install dlib-bin)")
 pytest.importorskip("cv2", reason="video decoding needs OpenCV (pip install 'opencv-python-headless<5')")
@@ -22,7 +23,7 @@ pytest.importorskip("skimage", reason="the test videos need scikit-image's sampl
 from triskele.eval.cli import main as eval_main  # noqa: E402
 from triskele.train.cli import main as train_main  # noqa: E402
 from triskele.train.domains.deepfake.data import FaceFrames  # noqa: E402
-from triskele.train.domains.deepfake.faces import crop_face, largest_track, video_faces  # noqa: E402
+from triskele.train.domains.deepfake.faces import crop_face, largest_track, link_cost, video_faces  # noqa: E402
 from triskele.train.domains.deepfake.video import count_frames, sample_frames  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("videos")  # one prepared tree and run shared by the module
@@ -59,6 +60,28 @@ def test_a_passer_by_does_not_switch_the_identity(tmp_path):
         assert abs((box[0] + box[2]) / 2 - known[0]) < 20, (index, box)
 
 
+def test_a_face_moving_most_of_its_width_between_samples_keeps_every_sampled_frame(tmp_path):
+    """Issue 32: 8 samples of a 40-frame 854x480 pan at 9 px a frame (the face, 87 px wide, moves
+    about 50 px between samples: IoU 0.29) gave one face of 8 when tracks were linked by IoU."""
+    faces = video_faces(write_video(tmp_path / "slide.mp4", slide(40, 9)), 8)
+    assert faces.frames_sampled == 8 and len(faces.crops) == 8, faces.left_out
+    for index, box in zip(faces.indices, faces.boxes, strict=True):
+        known = face_centre((-9 * index, 0))
+        assert abs((box[0] + box[2]) / 2 - known[0]) < 10 and abs((box[1] + box[3]) / 2 - known[1]) < 10, (index, box)
+
+
+def test_tracks_link_by_motion_for_the_face_size_and_a_passer_by_never_takes_over():
+    face = [(100 + 60 * i, 100, 200 + 60 * i, 200) for i in range(6)]  # 0.6 of its width per sample
+    passer = (400, 380, 460, 440)  # beside the face in frames 1-4, on its own in frame 5
+    boxes = [[face[0]], [face[1], passer], [face[2], passer], [passer], [face[4], passer], [passer]]
+    assert largest_track(boxes) == [face[0], face[1], face[2], None, face[4], None]
+    jumped = (900, 100, 1000, 200)  # far beyond reach, but the only face and no other track competes
+    assert largest_track([[face[0]], [face[1]], [jumped], [face[3]]]) == [face[0], face[1], jumped, face[3]]
+    assert largest_track([[face[0]], [], [face[2]]]) == [face[0], None, face[2]]  # two samples apart: in reach
+    assert link_cost(face[0], (100, 100, 300, 300), 1) is None  # twice the size: another face
+    assert link_cost(face[0], face[1], 1) == pytest.approx(0.6) and link_cost(face[0], face[2], 1) is None
+
+
 def test_tracking_and_cropping_on_hand_made_boxes():
     big, small = (100, 100, 200, 200), (10, 10, 40, 40)
     boxes = [[big], [small, (102, 101, 203, 199)], [small], [(104, 100, 205, 201)]]
@@ -76,6 +99,18 @@ def test_unreadable_videos_are_errors_naming_the_file(tmp_path):
     for name in ("empty.mp4", "cut.mp4"):
         with pytest.raises(ValueError, match=rf"cannot read video .*{name}"):
             sample_frames(tmp_path / name, 4)
+
+
+def test_the_video_backends_write_nothing_to_stderr_for_a_damaged_video(tmp_path):
+    """Issue 32 item 6: FFmpeg and OpenCV printed their own lines (raw bytes, not always UTF-8) to
+    stderr; the error naming the file is all a reader gets, stderr stays text."""
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(write_video(tmp_path / "good.mp4", pan(10)).read_bytes()[:300])
+    code = ("import sys; from pathlib import Path; from triskele.train.domains.deepfake.video import sample_frames\n"
+            "try: sample_frames(Path(sys.argv[1]), 4)\nexcept ValueError as err: print(err)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCV_")}
+    done = subprocess.run([sys.executable, "-c", code, str(cut)], capture_output=True, timeout=120, env=env)
+    assert done.stdout.decode().startswith(f"cannot read video {cut}") and done.stderr == b"", done.stderr[-2000:]
 
 
 # --- prepare, train, predict ----------------------------------------------------------------------
@@ -180,7 +215,7 @@ def test_predict_on_videos_scores_faces_lists_the_rest_and_equals_the_prepared_c
     (inputs / "cut.mp4").write_bytes((inputs / "002.mp4").read_bytes()[:400])
     result = tmp_path / "out"
     assert eval_main(["predict", "--workdir", str(trained), "--input", str(inputs), "--output", str(result),
-                      "--save-faces", str(tmp_path / "faces"), "--no-progress"]) == 1
+                      "--save-faces", str(tmp_path / "faces"), "--frames-per-video", "8", "--no-progress"]) == 1
     videos = {r["video"]: r for r in csv.DictReader((result / "videos.csv").open())}
     assert set(videos) == {"002.mp4", "wall.mp4"}
     assert videos["002.mp4"]["frames_sampled"] == "8" and int(videos["002.mp4"]["faces_found"]) >= 7
@@ -194,7 +229,7 @@ def test_predict_on_videos_scores_faces_lists_the_rest_and_equals_the_prepared_c
 
     crops = out / "original_sequences" / "youtube" / "c23" / "frames" / "002"
     assert eval_main(["predict", "--workdir", str(trained), "--input", str(crops), "--output",
-                      str(tmp_path / "crops"), "--no-progress"]) == 0
+                      str(tmp_path / "crops"), "--frames-per-video", "8", "--no-progress"]) == 0
     from_crops = list(csv.DictReader((tmp_path / "crops" / "frames.csv").open()))
     assert [r["frame"] for r in from_crops] == [f"{r['frame']}.png" for r in frames]
     np.testing.assert_allclose([float(r["fake_probability"]) for r in from_crops],

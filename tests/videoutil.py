@@ -1,5 +1,5 @@
 """Test videos made from a real photograph that scikit-image ships (the astronaut Eileen Collins):
-pans, a zoom, a second smaller face, frames with the face covered, a plain wall; written with
+pans, a fast slide, a zoom, a second smaller face, frames with the face covered, a plain wall; written with
 OpenCV's mp4v codec."""
 
 from __future__ import annotations
@@ -57,6 +57,19 @@ def pan(count: int = 40, covered: range = range(0), shift: tuple[int, int, int] 
         if i in second_face:
             frame[FRAME[1] - 80 : FRAME[1] - 2, 4:79] = small
         frames.append(np.clip(frame, 0, 255).astype(np.uint8))
+    return frames
+
+
+def slide(count: int = 40, step: int = 9) -> list[np.ndarray]:
+    """854 x 480 frames (FWVGA) with the photograph's top 480 rows sliding right `step` pixels a frame
+    over a grey background: the face (`face_centre((-step * i, 0))` in frame i) moves fast."""
+    photo = photograph()[:480]
+    frames = []
+    for i in range(count):
+        frame = np.full((480, 854, 3), 90, np.uint8)
+        left = step * i
+        frame[:, left:left + 512] = photo[:, :854 - left]
+        frames.append(frame)
     return frames
 
 

@@ -11,6 +11,10 @@ import numpy as np
 from PIL import Image
 from triskele.train.config import InputLimits
 
+PREDICT_FRAMES_PER_VIDEO = 32
+"""Frames predict samples per video unless `--frames-per-video` says otherwise: DeepfakeBench's
+test-time count, whatever the run trained on."""
+
 COMMANDS: dict = {}
 """Deepfake has no eval commands of its own (its `prepare` is a training command)."""
 
@@ -31,18 +35,23 @@ class DeepfakeIO:
     """Inputs are videos: a video file (.mp4 .avi .mov .mkv .webm), whose faces are found as
     DeepfakeBench finds them (`triskele.train.domains.deepfake.faces`), or a folder of face crops (frames
     directly under the input root form one video named after the root). The frame model scores
-    `frames_per_video` frames sampled uniformly and a video gets their mean; the video model
-    scores one clip of `model.frames` of them. `videos.csv` (video, frames_sampled, faces_found,
-    records, fake_probability, reason: why a video has no score) and, for the frame model,
-    `frames.csv` (per frame, with the face box); `save_faces` keeps the crops. Videos and crops are
-    read within `limits` (frame size and count from a video's header, pixels from a crop's)."""
+    `frames_per_video` frames (default `PREDICT_FRAMES_PER_VIDEO`) sampled uniformly and a video
+    gets their mean; the video model scores one clip of `model.frames` of them. `videos.csv`
+    (video, frames_sampled, faces_found, records, fake_probability, reason: why a video has no
+    score) and, for the frame model, `frames.csv` (per frame, with the face box); `save_faces`
+    keeps the crops. Videos and crops are read within `limits` (frame size and count from a
+    video's header, pixels from a crop's)."""
 
-    def __init__(self, meta: dict[str, Any], save_faces: Path | None = None, limits: InputLimits | None = None):
+    def __init__(self, meta: dict[str, Any], save_faces: Path | None = None, limits: InputLimits | None = None,
+                 frames_per_video: int | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
         from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
         self.size, self.clip = meta["image_size"], meta["frames"]
-        self.per_video = meta["options"]["frames_per_video"]
+        self.per_video = frames_per_video or PREDICT_FRAMES_PER_VIDEO
+        if self.per_video < self.clip:
+            raise ValueError(f"--frames-per-video {self.per_video} is below the {self.clip} frames of the video "
+                             f"model's clip; give {self.clip} or more")
         self.save_faces = Path(save_faces) if save_faces else None
         self.limits = limits
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES} | set(VIDEO_SUFFIXES)))
@@ -169,6 +178,6 @@ def video_probability(outputs: dict[str, np.ndarray]) -> float | None:
 
 
 def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> DeepfakeIO:
-    """`options`: the deepfake predict flags given (`save_faces`); `meta['limits']`: the input limits
-    (default `InputLimits()`)."""
+    """`options`: the deepfake predict flags given (`save_faces`, `frames_per_video`);
+    `meta['limits']`: the input limits (default `InputLimits()`)."""
     return DeepfakeIO(meta, **options, limits=meta.get("limits"))

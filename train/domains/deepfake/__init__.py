@@ -98,6 +98,8 @@ DEEPFAKE = register(Domain(
     metric_names=Later("triskele.train.domains.deepfake.metrics", "NAMES"), inference="triskele.eval.domains.deepfake",
     evaluate_flags=(Flag("--holdout", "evaluate only this manipulation method's fakes (with all reals)",
                          metavar="METHOD", key="deepfake.eval_methods"),),
-    predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),),
+    predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),
+                   Flag("--frames-per-video", "frames sampled per video or folder of crops (default 32, "
+                        "DeepfakeBench's, whatever the run trained on)", type=int, metavar="N")),
     resume_options=("eval_methods",), clips=True, prepare=PREPARE,
 ))

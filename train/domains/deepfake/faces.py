@@ -1,5 +1,6 @@
 """Faces as DeepfakeBench finds them: dlib's HOG frontal face detector on RGB frames, the face
-followed through a video as the largest track (boxes linked frame to frame by IoU, so a passer-by
+followed through a video as the largest track (boxes of sampled frames linked by how far the face
+moved for its size, so a face that moves between sparse samples stays one track and a passer-by
 does not switch the identity), the box enlarged 1.3x about its centre, made square, clipped to the
 frame and resized. A frame without the tracked face is counted and left out, with its reason."""
 
@@ -14,7 +15,10 @@ from PIL import Image
 from triskele.train.config import InputLimits
 
 ENLARGE = 1.3
-TRACK_IOU = 0.3
+TRACK_REACH = 1.0
+"""Face sizes a face's centre may move per sampled frame between two boxes of one track."""
+TRACK_SCALE = 1.5
+"""Times a face's size may change between two boxes of one track."""
 CROP_SIZE = 256
 """Pixels per side of a saved face crop (DeepfakeBench's); the model resizes to its input."""
 
@@ -35,28 +39,56 @@ def detect_faces(frame: np.ndarray) -> list[Box]:
     return [(r.left(), r.top(), r.right(), r.bottom()) for r in _LOCAL.detector(np.ascontiguousarray(frame), upsample)]
 
 
-def iou(a: Box, b: Box) -> float:
-    inter = max(0, min(a[2], b[2]) - max(a[0], b[0])) * max(0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
+def _centre_and_size(box: Box) -> tuple[float, float, float]:
+    return (box[0] + box[2]) / 2, (box[1] + box[3]) / 2, max(box[2] - box[0], box[3] - box[1], 1)
+
+
+def link_cost(last: Box, box: Box, samples_apart: int) -> float | None:
+    """How far `box` lies from a track's `last` box: the centres' distance in face sizes (the larger
+    of the two) per sampled frame between them; None beyond `TRACK_REACH` or when the size changes
+    more than `TRACK_SCALE` times (another face, not this one moved)."""
+    (x0, y0, s0), (x1, y1, s1) = _centre_and_size(last), _centre_and_size(box)
+    if max(s0, s1) > TRACK_SCALE * min(s0, s1):
+        return None
+    cost = float(np.hypot(x1 - x0, y1 - y0)) / max(s0, s1) / samples_apart
+    return cost if cost <= TRACK_REACH else None
 
 
 def largest_track(boxes: list[list[Box]]) -> list[Box | None]:
-    """Per frame, the box of the track with the largest total area (None where it is absent).
-    A box joins the track whose latest box overlaps it most (IoU >= 0.3), else starts one."""
-    tracks: list[dict] = []
+    """Per sampled frame, the box of the track with the largest total area (None where it is absent).
+
+    Sampled frames lie far apart (32 of a few hundred), so a box is linked to a track by how far its
+    centre moved relative to the face's size and the samples between (`link_cost`), not by overlap:
+    per frame, the closest (track, box) pairs are linked first, each track and box once; a box
+    linked to none starts a track. A frame where the chosen track has no box but exactly one face
+    was found keeps that face when its own track never shares a frame with the chosen one (no other
+    face competes: the detector's box jumped, the face did not change)."""
+    tracks: list[dict[int, Box]] = []
+    owner: list[list[int]] = []
     for frame, found in enumerate(boxes):
-        for box in sorted(found, key=lambda b: -(b[2] - b[0]) * (b[3] - b[1])):
-            best = max((t for t in tracks if t["last"] < frame), key=lambda t: iou(t["boxes"][t["last"]], box),
-                       default=None)
-            if best is not None and iou(best["boxes"][best["last"]], box) >= TRACK_IOU:
-                best["boxes"][frame], best["last"] = box, frame
-            else:
-                tracks.append({"boxes": {frame: box}, "last": frame})
+        pairs = sorted((cost, t, b) for t, track in enumerate(tracks) for b, box in enumerate(found)
+                       if (last := max(track)) < frame
+                       and (cost := link_cost(track[last], box, frame - last)) is not None)
+        linked: dict[int, int] = {}
+        for _, t, b in pairs:
+            if b not in linked and t not in linked.values():
+                linked[b] = t
+        owner.append([])
+        for b, box in enumerate(found):
+            if b not in linked:
+                linked[b] = len(tracks)
+                tracks.append({})
+            tracks[linked[b]][frame] = box
+            owner[frame].append(linked[b])
     if not tracks:
         return [None] * len(boxes)
-    chosen = max(tracks, key=lambda t: sum((b[2] - b[0]) * (b[3] - b[1]) for b in t["boxes"].values()))
-    return [chosen["boxes"].get(frame) for frame in range(len(boxes))]
+    area = [sum((b[2] - b[0]) * (b[3] - b[1]) for b in track.values()) for track in tracks]
+    chosen = max(range(len(tracks)), key=area.__getitem__)
+    path = [tracks[chosen].get(frame) for frame in range(len(boxes))]
+    for frame, found in enumerate(boxes):
+        if path[frame] is None and len(found) == 1 and not set(tracks[owner[frame][0]]) & set(tracks[chosen]):
+            path[frame] = found[0]
+    return path
 
 
 def crop_face(frame: np.ndarray, box: Box, size: int = CROP_SIZE) -> np.ndarray:

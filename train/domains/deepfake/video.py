@@ -5,6 +5,7 @@ soon as decoding passes `limits.video_frames`."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,23 @@ def video_suffix(head: bytes) -> str | None:
     return None
 
 
+def opencv():
+    """OpenCV with its FFmpeg backend and its own logger quiet: they write raw (not always UTF-8)
+    bytes to stderr for damaged videos, which breaks tools reading the output as text, while every
+    failure here is an error naming the file. `OPENCV_FFMPEG_LOGLEVEL` or `OPENCV_LOG_LEVEL` set in
+    the environment win (to debug a video)."""
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET, read when FFmpeg is first opened
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "SILENT")
+    import cv2
+
+    if os.environ["OPENCV_LOG_LEVEL"] == "SILENT":
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)  # also when cv2 came in before
+    return cv2
+
+
 def _capture(path: Path, limits: InputLimits):
     """The opened video, its header checked: (capture, frame count the header declares, 0 if none)."""
-    import cv2
+    cv2 = opencv()
 
     if not path.is_file() or path.stat().st_size == 0:
         raise ValueError(f"cannot read video {path}: the file is empty or missing")
@@ -53,7 +68,7 @@ def _decode(path: Path, count: int, limits: InputLimits, each: Callable[[np.ndar
     """One pass over the video keeping `count` frames spread uniformly over `total` frames (default:
     the count its header declares): (their indices, `each` of those RGB frames, frames decoded,
     frames the header declares). Stops with an error past `limits.video_frames`."""
-    import cv2
+    cv2 = opencv()
 
     capture, declared = _capture(path, limits)
     wanted = set(uniform_indices(declared if total is None else total, count))
