@@ -12,6 +12,7 @@ frames with slight flicker. Every record carries its family's code (`FAMILY_NAME
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from pathlib import Path
@@ -163,6 +164,18 @@ def _feature_warp(image: np.ndarray, ident: dict, shift: tuple[float, float], rn
     return warped, region
 
 
+def _reenacted(ident: dict, size: int, shift: tuple[float, float], rng: np.random.Generator) -> np.ndarray:
+    """The face as a reenactment generator renders it: wider eyes, a wider and moved mouth, its own
+    skin texture (pores) and a turned light. Only the eye and mouth regions are kept (`Warp`), so
+    the texture and the light change at the blend's edge: a seam, as a re-rendered mouth leaves."""
+    expression = {**ident, "eye_r": ident["eye_r"] * rng.uniform(1.1, 1.3),
+                  "mouth_w": ident["mouth_w"] * rng.uniform(1.15, 1.4),
+                  "mouth_y": ident["mouth_y"] + rng.uniform(-0.02, 0.02),
+                  "light": ident["light"] + rng.choice([-1, 1]) * rng.uniform(0.5, 1.2),
+                  "pore_seed": int(rng.integers(1 << 30)), "pore": ident["pore"] * rng.uniform(0.5, 1.5)}
+    return render_face(expression, size, shift)[0]
+
+
 def _fake_frame(image: np.ndarray, inner: np.ndarray, ident: dict, family: str, shift: tuple[float, float],
                 states: tuple[int, int], seed: int, video: int) -> tuple[np.ndarray, np.ndarray]:
     """(altered face, blend mask) of one frame; `states` seed the family's and the mask's draws, the
@@ -172,18 +185,19 @@ def _fake_frame(image: np.ndarray, inner: np.ndarray, ident: dict, family: str, 
         donor = {**_identity(seed, 5_000_000 + video), "center": ident["center"], "radii": ident["radii"]}
         altered = _colour_matched(render_face(donor, image.shape[0], shift)[0], image, inner)
         return altered, _blend_mask(inner, mask_rng)
-    if family == "Warp":
-        altered, region = _feature_warp(image, ident, shift, manip_rng)
+    if family == "Warp":  # reenactment: eyes and mouth re-rendered with another expression, blended back
+        altered, region = _feature_warp(_reenacted(ident, image.shape[0], shift, manip_rng), ident, shift, manip_rng)
         sigma = mask_rng.uniform(0.8, 2.0) * image.shape[0] / 64
         return altered, np.clip(ndimage.gaussian_filter(region, sigma), 0, 1)
     return _manipulate(image, family, manip_rng), _blend_mask(inner, mask_rng)
 
 
-def render_video(seed: int, video: int, size: int, frames: int, family: str | None,
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def render_video(seed: int, video: int, size: int, frames: int, family: str | None, compress: bool = True,
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
     """Frames (T, size, size, 3) float32, blend masks (T, size, size) uint8 (0 everywhere for a
-    real video) and face regions (T, size, size) uint8: video `video`, real if `family` is None,
-    else faked by that family.
+    real video), face regions (T, size, size) uint8 and each frame's JPEG quality: video `video`,
+    real if `family` is None, else faked by that family. `compress` False: the frames before their
+    JPEG (what self-blending blends, `capture` compresses them as these are).
 
     Videos 2k and 2k+1 share identity k, so a real and a fake video of each face exist.
     """
@@ -194,7 +208,7 @@ def render_video(seed: int, video: int, size: int, frames: int, family: str | No
     mask_state = fake_rng.integers(1 << 30)
     manip_state = fake_rng.integers(1 << 30)
     focus = rng.uniform(0.0, 0.55)  # camera blur of the whole frame: smoothness alone is no cue
-    out, blends, regions = [], [], []
+    out, blends, regions, qualities = [], [], [], []
     for t in range(frames):
         image, inner, face = render_face(ident, size, tuple(walk[t]))
         mask = np.zeros((size, size, 1))
@@ -206,10 +220,11 @@ def render_video(seed: int, video: int, size: int, frames: int, family: str | No
             image = np.clip(mask * altered + (1 - mask) * image, 0, 1)
         if focus > 0.15:
             image = ndimage.gaussian_filter(image, sigma=(focus, focus, 0))
-        out.append(jpeg(image, int(rng.integers(75, 96))))
+        qualities.append(int(rng.integers(75, 96)))
+        out.append(jpeg(image, qualities[-1]) if compress else image.astype(np.float32))
         blends.append((mask[..., 0] * 255).round().astype(np.uint8))
         regions.append((face * 255).astype(np.uint8))
-    return np.stack(out), np.stack(blends), np.stack(regions)
+    return np.stack(out), np.stack(blends), np.stack(regions), qualities
 
 
 class SyntheticFaces:
@@ -243,6 +258,7 @@ class SyntheticFaces:
         self._per_video = per_video
         frame_bytes = 13 * image_size**2 * frames_per_video
         self._video = RecordCache(self._render, max(cache_bytes // frame_bytes, 2))
+        self._raw = RecordCache(functools.partial(self._render, compress=False), max(cache_bytes // frame_bytes, 2))
 
     def __len__(self) -> int:
         return self.num_records
@@ -253,31 +269,42 @@ class SyntheticFaces:
         pick = np.random.default_rng([self.seed, 17, _SPLIT_OFFSET[self.split], video]).integers(len(self.families))
         return self.families[pick]
 
-    def _render(self, video: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _render(self, video: int, compress: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
         global_video = video + _SPLIT_OFFSET[self.split] * 1_000_000
         frames = self.clip_frames if self.clip_frames > 1 else self.frames_per_video
-        return render_video(self.seed, global_video, self.image_size, frames, self.family(video))
+        return render_video(self.seed, global_video, self.image_size, frames, self.family(video), compress)
 
-    def _record(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def _record(self, index: int, compress: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, list[int]]:
         video, frame = divmod(index, self._per_video)
-        frames, blends, regions = self._video(video)
+        frames, blends, regions, qualities = self._video(video) if compress else self._raw(video)
         if self.clip_frames == 1:
             frames, blends, regions = frames[frame], blends[frame], regions[frame]
-        return frames, blends, regions, video
+            qualities = qualities[frame:frame + 1]
+        return frames, blends, regions, video, qualities
 
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         if not 0 <= index < self.num_records:
             raise IndexError(f"record {index} is outside the {self.split} split of {self.num_records} records")
-        frames, blends, _, video = self._record(index)
+        frames, blends, _, video, _ = self._record(index)
         family = self.family(video)
         return augment(image=frames, label=int(video % 2), video=video, rng=rng, blend=blends,
                        family=FAMILY_NAMES.index(family) if family else 0)
 
-    def real_face(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Real record k (of `num_reals`): the frame or clip, its face region(s) in [0, 1], video."""
+    def _real_index(self, k: int) -> int:
         video, frame = divmod(k, self._per_video)
-        frames, _, regions, video = self._record(2 * video * self._per_video + frame)
+        return 2 * video * self._per_video + frame
+
+    def real_face(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Real record k (of `num_reals`) before its JPEG: the frame or clip, its face region(s) in
+        [0, 1], video."""
+        frames, _, regions, video, _ = self._record(self._real_index(k), compress=False)
         return frames, regions / 255.0, video
+
+    def capture(self, k: int, frames: np.ndarray) -> np.ndarray:
+        """`frames` (real record k's shape) compressed as real record k's frames are."""
+        qualities = self._record(self._real_index(k), compress=False)[4]
+        flat = frames.reshape(-1, *frames.shape[-3:])
+        return np.stack([jpeg(f, q) for f, q in zip(flat, qualities, strict=True)]).reshape(frames.shape)
 
 
 def augment(image: np.ndarray, label: int, video: int, rng: np.random.Generator | None,
@@ -461,3 +488,7 @@ class FaceFrames:
         paths, _, video = self.records[self._reals[k]]
         image = self._image(paths)
         return image, np.broadcast_to(crop_face_region(self.image_size), image.shape[:-1]), video
+
+    def capture(self, k: int, frames: np.ndarray) -> np.ndarray:
+        """Crops on disk come decoded from their videos: nothing more is done to them."""
+        return frames

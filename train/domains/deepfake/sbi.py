@@ -1,10 +1,25 @@
 """Self-blended images (Shiohara and Yamasaki, CVPR 2022): fakes made from real faces alone.
 
 Each real face gets a fake twin: one of two copies of it (50/50 which) is transformed by the
-pool's draws and affinely jittered, then blended into the other through a deformed, blurred,
-eroded and re-blurred mask of the face region, scaled by a random blend ratio. Real and fake are
-then post-augmented alike (colour jitter, JPEG quality 40-100). A detector trained on these learns
-what every blend leaves behind (a boundary, a statistics mismatch) rather than one method's artifact.
+pool's draws and shifted, then blended into the other through a deformed, blurred, eroded and
+re-blurred mask of the face region, scaled by a random blend ratio. A detector trained on these
+learns what every blend leaves behind (a boundary, a statistics mismatch) rather than one method's
+artifact, provided that nothing else tells the twins apart. So, unlike a literal port of the
+reference code, nothing here happens to one label only:
+
+- the copy is shifted by whole pixels and not scaled (the reference's sub-pixel affine resamples
+  the fake's inner face alone; at 64 px that bilinear pass is a blur the real never gets, and
+  "smoother means fake" is what a detector then learns);
+- the pool's transforms that resample or sharpen go to either copy with equal odds, so they make
+  the inner face smoother or sharper than its real equally often;
+- blending happens before any compression: a synthetic real is blended before its JPEG, and the
+  twins are then compressed alike (`capture`), so the shift does not move a block grid inside the
+  face; crops on disk are blended as decoded, as the reference does;
+- real and fake are post-augmented alike, as the reference: colour jitter, then JPEG (quality
+  40-100) with probability 0.5.
+
+The patch head learns the blend's boundary (Face X-ray's 4M(1-M) of the normalised mask), not
+the blended fraction, which would teach it that whatever the pool did to a patch is a blend.
 
 The pool overlaps the synthetic manipulation families (`POOL_FAMILY`); `holdout=F` removes F's
 transforms, so a held-out family is never seen in any form.
@@ -74,8 +89,7 @@ class Draw:
     transform_source: bool
     """True: the blended-in copy is the transformed one (else the background is)."""
     shift: tuple[float, float]
-    """Affine jitter of the blended-in copy: (rows, cols) as fractions of the size."""
-    scale: float
+    """Shift of the blended-in copy: (rows, cols) as fractions of the size, rounded to whole pixels."""
     ratio: float
     mask_seed: int
 
@@ -94,8 +108,8 @@ def draw(pool: tuple[str, ...], rng: np.random.Generator) -> Draw:
         "sharpen": (rng.uniform(0.2, 0.5), rng.uniform(0.5, 1.0)),
     }
     return Draw(chosen, {k: v for k, v in settings.items() if k in chosen}, bool(rng.random() < 0.5),
-                (rng.uniform(-0.015, 0.015), rng.uniform(-0.03, 0.03)), rng.uniform(0.95, 1 / 0.95),
-                float(rng.choice(BLEND_RATIOS)), int(rng.integers(1 << 30)))
+                (rng.uniform(-0.015, 0.015), rng.uniform(-0.03, 0.03)), float(rng.choice(BLEND_RATIOS)),
+                int(rng.integers(1 << 30)))
 
 
 def transform(image: np.ndarray, chosen: Draw) -> np.ndarray:
@@ -117,12 +131,11 @@ def transform(image: np.ndarray, chosen: Draw) -> np.ndarray:
     return out
 
 
-def _affine(image: np.ndarray, shift: tuple[float, float], scale: float) -> np.ndarray:
-    size = image.shape[0]
-    centre = (size - 1) / 2
-    offset = centre - (centre + np.array(shift) * size) / scale
-    return np.stack([ndimage.affine_transform(image[..., c], [1 / scale, 1 / scale], offset, order=1, mode="nearest")
-                     for c in range(image.shape[-1])], axis=-1)
+def _shift(image: np.ndarray, shift: tuple[float, float]) -> np.ndarray:
+    """`image` moved by `shift` (fractions of its size) rounded to whole pixels, edges repeated: a
+    copy of pixels, never a resampling."""
+    pixels = [int(round(f * image.shape[0])) for f in shift]
+    return ndimage.shift(image, (*pixels, 0), order=0, mode="nearest")
 
 
 def blend_mask(region: np.ndarray, chosen: Draw) -> np.ndarray:
@@ -152,38 +165,50 @@ def self_blend(image: np.ndarray, region: np.ndarray, chosen: Draw) -> tuple[np.
     the mask is 0."""
     altered = transform(image, chosen)
     source, target = (altered, image) if chosen.transform_source else (image, altered)
-    source = _affine(source, chosen.shift, chosen.scale)
+    source = _shift(source, chosen.shift)
     mask = blend_mask(region, chosen)[..., None]
     return np.clip(mask * source + (1 - mask) * target, 0, 1).astype(np.float32), mask[..., 0]
 
 
 def post_augment(frames: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """What real and fake alike go through: colour jitter, then JPEG at quality 40-100 (one draw for
-    a whole clip). Images (..., H, W, 3) in [0, 1]."""
+    """What real and fake alike go through, as the reference: colour jitter, then with probability
+    0.5 JPEG at quality 40-100 (one draw for a whole clip). Images (..., H, W, 3) in [0, 1]."""
     brightness, contrast, saturation = rng.uniform(-0.08, 0.08), rng.uniform(0.9, 1.1), rng.uniform(0.85, 1.15)
-    quality = int(rng.integers(40, 101))
+    quality = int(rng.integers(40, 101)) if rng.random() < 0.5 else None
     grey = frames.mean(axis=-1, keepdims=True)
-    jittered = (grey + (frames - grey) * saturation - 0.5) * contrast + 0.5 + brightness
+    jittered = np.clip((grey + (frames - grey) * saturation - 0.5) * contrast + 0.5 + brightness, 0, 1)
+    if quality is None:
+        return jittered.astype(np.float32)
     flat = jittered.reshape(-1, *frames.shape[-3:])
     return np.stack([jpeg(f, quality) for f in flat]).reshape(frames.shape)
 
 
+def blend_boundary(mask: np.ndarray, ratio: float) -> np.ndarray:
+    """Face X-ray's boundary 4M(1-M) of the mask normalised by its blend ratio: 1 where the blend's
+    edge is half way, 0 inside and outside it."""
+    normalised = np.clip(mask / ratio, 0, 1) if ratio > 0 else np.zeros_like(mask)
+    return 4 * normalised * (1 - normalised)
+
+
 class RealFaces(Protocol):
     """Real faces a self-blended source draws from: record k as (frame (H, W, 3) or clip (T, H, W, 3)
-    in [0, 1], its face region(s) (H, W) or (T, H, W), video id)."""
+    in [0, 1] before any compression the source applies, its face region(s) (H, W) or (T, H, W),
+    video id); `capture(k, frames)` applies that compression to frames of record k's shape."""
 
     num_reals: int
 
     def real_face(self, k: int) -> tuple[np.ndarray, np.ndarray, int]: ...
+
+    def capture(self, k: int, frames: np.ndarray) -> np.ndarray: ...
 
 
 class SelfBlendedFaces:
     """Training records from real faces only: record 2k is real face k, record 2k+1 its fake twin.
 
     As in SBI, the twins share everything but the blend: one draw (the real is the blend's
-    background copy, transformed when the draw transforms the background), one post-augmentation
-    and one flip, and a batch (`group_size`); so the fake differs from its real only inside the
-    mask (and in the JPEG blocks it touches). Deterministic per (seed, epoch, index), as every
+    background copy, transformed when the draw transforms the background), one capture, one
+    post-augmentation and one flip, and a batch (`group_size`); so the fake differs from its real
+    only inside the mask (and in the JPEG blocks it touches). Deterministic per (seed, epoch, index), as every
     record: the pair's draws come from the seed, the pair and the epoch of the record's generator
     (the training loader's `[seed, epoch, index]`). A clip's twin keeps one draw over its frames,
     the mask flickering a little from frame to frame.
@@ -210,8 +235,8 @@ class SelfBlendedFaces:
         return draw(self.pool, self._pair_generator(index, rng, 31))
 
     def twin(self, index: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, int, Draw]:
-        """(frames, blend mask in [0, 1], video, the pair's draw) of record `index` before
-        post-augmentation."""
+        """(frames, blend mask in [0, 1], video, the pair's draw) of record `index` before its
+        capture and post-augmentation."""
         frames, region, video = self.reals.real_face(index // 2)
         chosen = self.pair_draw(index, rng)
         clip = frames.ndim == 4
@@ -230,8 +255,9 @@ class SelfBlendedFaces:
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         if not 0 <= index < len(self):
             raise IndexError(f"record {index} is outside the self-blended split of {len(self)} records")
-        frames, mask, video, _ = self.twin(index, rng)
+        frames, mask, video, chosen = self.twin(index, rng)
         shared = self._pair_generator(index, rng, 37)
         label = index % 2
-        blend = (np.clip(mask, 0, 1) * 255).round().astype(np.uint8)
-        return augment(post_augment(frames, shared), label, video, shared, blend=blend, family=label)
+        boundary = (blend_boundary(mask, chosen.ratio) * 255).round().astype(np.uint8)
+        captured = self.reals.capture(index // 2, frames)
+        return augment(post_augment(captured, shared), label, video, shared, blend=boundary, family=label)
