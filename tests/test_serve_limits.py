@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 from serveutil import noise, png, serving
+from triskele.eval.serving.protocol import encode_request, parse_infer
 
 pytestmark = pytest.mark.xdist_group("serve")
 
@@ -31,17 +32,23 @@ def header_only_png(width: int, height: int) -> bytes:
 
 def _images(*items: bytes) -> dict:
     """An infer request of BYTES images in Triton's binary extension: (body, headers)."""
-    data = b"".join(struct.pack("<I", len(item)) + item for item in items)
-    header = json.dumps({"inputs": [{"name": "image", "shape": [len(items)], "datatype": "BYTES",
-                                     "parameters": {"binary_data_size": len(data)}}]}).encode()
-    return {"data": header + data, "headers": {"Inference-Header-Content-Length": str(len(header)),
-                                                "Authorization": f"Bearer {TOKEN}"}}
+    body, headers = encode_request({"image": np.array(items, object)})
+    return {"data": body, "headers": {**headers, "Authorization": f"Bearer {TOKEN}"}}
 
 
 def _records(shape, datatype="FP32") -> dict:
     body = {"inputs": [{"name": "input", "shape": list(shape), "datatype": datatype,
                         "data": np.zeros(shape).ravel().tolist()}]}
     return {"data": json.dumps(body), "headers": {"Authorization": f"Bearer {TOKEN}"}}
+
+
+def test_the_binary_request_encoder_gives_what_the_parser_reads():
+    records = np.arange(24, dtype=np.float16).reshape(1, 2, 4, 3)
+    body, headers = encode_request({"image": np.array([b"", b"\x89PNG", b"x" * 300], object), "input": records},
+                                   request_id="r-7")
+    parsed = parse_infer(body, headers["Inference-Header-Content-Length"])
+    assert parsed.id == "r-7" and parsed.inputs["image"].tolist() == [b"", b"\x89PNG", b"x" * 300]
+    assert parsed.inputs["input"].dtype == np.float16 and np.array_equal(parsed.inputs["input"], records)
 
 
 @pytest.fixture(scope="module")

@@ -191,3 +191,20 @@ def encode_response(model: str, request: InferRequest, outputs: dict[str, np.nda
         response["id"] = request.id
     header = json.dumps(response).encode()
     return header + b"".join(chunks), len(header) if chunks else None
+
+
+
+def encode_request(inputs: dict[str, np.ndarray], request_id: str | None = None) -> tuple[bytes, dict[str, str]]:
+    """A client's infer request of `inputs` in the binary-tensor extension (what tritonclient sends
+    for binary_data=True), whatever the arrays hold (BYTES: object arrays of bytes, valid images or
+    not): (body, its `Inference-Header-Content-Length` header). `parse_infer` reads it back."""
+    specs, chunks = [], []
+    for name, array in inputs.items():
+        array = np.ascontiguousarray(array)
+        raw = (b"".join(struct.pack("<I", len(item)) + item for item in array.ravel()) if array.dtype == object
+               else array.astype(array.dtype.newbyteorder("<")).tobytes())
+        specs.append({"name": name, "shape": list(array.shape), "datatype": datatype_of(array),
+                      "parameters": {"binary_data_size": len(raw)}})
+        chunks.append(raw)
+    header = json.dumps({"inputs": specs} if request_id is None else {"id": request_id, "inputs": specs}).encode()
+    return header + b"".join(chunks), {HEADER_LENGTH: str(len(header))}
