@@ -39,12 +39,10 @@ import json
 import os
 import secrets
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +55,7 @@ from predict import checkpoint, forward_only
 from triskele.eval.model import load_model
 from triskele.eval.serving.batcher import compiled_sizes
 from triskele.eval.serving.protocol import encode_request
+from triskele.train.data.png import header_only_png
 from triskele.train.tools.launch import free_port
 
 CONCURRENCY = (1, 8, 32, 128)
@@ -169,17 +168,6 @@ def load_level(server: Server, name: tuple[str, str], images: list[bytes], concu
             "p50_ms": p50, "p90_ms": p90, "p99_ms": p99,
             "mean_batch": (server.metric("triskele_batch_rows_sum") - rows_before) / calls if calls else 0.0,
             "errors": len(errors), "first_error": errors[0] if errors else ""}
-
-
-def header_only_png(width: int, height: int) -> bytes:
-    """A PNG whose header declares width x height grey pixels and whose pixel data stop after two
-    rows: a reader that decodes it fails ("cannot read"), one that checks the header first refuses
-    it by its pixel count, the decompression bomb's defence."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\x00" * (width + 1) * 2)) + chunk(b"IEND", b""))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,6 @@ input with its reason while the good ones go on, and a video decoded once."""
 import csv
 import json
 import shutil
-import struct
 import subprocess
 import sys
 import zlib
@@ -17,6 +16,7 @@ import pytest
 from PIL import Image
 from triskele.eval.cli import main as eval_main
 from triskele.train.config import InputLimits, input_limits, make_config
+from triskele.train.data.png import png_file
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 # PIL warns of an image between its limit (set from limits.image_pixels) and twice that; the readers
@@ -33,14 +33,10 @@ def _pil_limit(monkeypatch):
 def write_png(path: Path, width: int, height: int, rows: bool = True, channels: int = 1) -> Path:
     """A PNG declaring width x height 8-bit pixels (grey, or RGB with 3 channels), written a row at a
     time; `rows` False leaves out the pixel data (the 65-byte 'bomb': a header and nothing else)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
     deflate, row = zlib.compressobj(9), b"\x00" * (1 + width * channels)
     data = b"".join(deflate.compress(row) for _ in range(height if rows else 0)) + deflate.flush()
-    header = struct.pack(">IIBBBBB", width, height, 8, 0 if channels == 1 else 2, 0, 0, 0)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    path.write_bytes(png_file(width, height, channels, data))
     return path
 
 

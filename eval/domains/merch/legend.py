@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import struct
 import zlib
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+from triskele.train.data.png import png_file
 
 
 def font(size: int) -> ImageFont.ImageFont:
@@ -43,10 +43,4 @@ def overlay_png(picture: Image.Image) -> bytes:
     filtered[:, 3:] -= rows[:, :-3]  # uint8 arithmetic wraps modulo 256, as PNG's Sub filter does
     raw = np.concatenate([np.full((height, 1), 1, np.uint8), filtered], axis=1).tobytes()  # 1: Sub
     deflate = zlib.compressobj(1, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
-    data = deflate.compress(raw) + deflate.flush()
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, deflate, no interlace
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+    return png_file(width, height, 3, deflate.compress(raw) + deflate.flush())
