@@ -114,8 +114,10 @@ def test_ffpp_bad_inputs_name_the_file(tmp_path):
     with pytest.raises(ValueError, match="lists real video '009'"):
         FaceFrames(tmp_path, "val", 16, 3)
     (tmp_path / "splits" / "val.json").write_text("{not json")
-    with pytest.raises(ValueError, match="val.json is not a JSON list"):
-        FaceFrames(tmp_path, "val", 16, 3)
+    for split in ("val", "train"):  # a broken split file is an error whichever split is read
+        with pytest.raises(ValueError, match="val.json is not a JSON list"):
+            FaceFrames(tmp_path, split, 16, 3)
+    (tmp_path / "splits" / "val.json").unlink()
     empty = tmp_path / "original_sequences" / "youtube" / "c23" / "frames" / "001"
     for frame in empty.iterdir():
         frame.unlink()

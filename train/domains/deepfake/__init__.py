@@ -32,6 +32,9 @@ class DeepfakeOptions:
     training data, holds the training methods (less `holdout`)."""
     compression: str = "c23"
     """FaceForensics++ compression folder (raw, c23, c40)."""
+    layout: str = "auto"
+    """The on-disk data's layout (`triskele.train.domains.deepfake.layouts`: ffpp, celeb-df, dfdc,
+    dfdcp, uadfv, generic, deepfakebench); `auto` detects it."""
 
 
 def _methods(text: str | None) -> tuple[str, ...] | None:
@@ -44,10 +47,12 @@ FAKES = ("sbi", "supervised")
 def resolve(config) -> None:
     """Refuses options that name nothing, when a run starts."""
     from triskele.train.domains.deepfake.data import FAMILIES
+    from triskele.train.domains.deepfake.layouts import check_layout_name
 
     options = config.deepfake
     if options.fakes not in FAKES:
         raise ValueError(f"config key 'deepfake.fakes' is {options.fakes!r}; choose one of {', '.join(FAKES)}")
+    check_layout_name(options.layout)
     if options.holdout is not None and not config.data.path and options.holdout not in FAMILIES:
         raise ValueError(f"config key 'deepfake.holdout' is {options.holdout!r}; the synthetic training families "
                          f"are {', '.join(FAMILIES)}")
@@ -67,7 +72,7 @@ def open_split(config, split: str) -> Source:
     if config.data.path:
         source = FaceFrames(config.data.path, split, config.model.image_size, options.frames_per_video, frames,
                             methods=chosen, exclude=holdout, compression=options.compression, reals_only=self_blended,
-                            val_fraction=config.data.val_fraction, limits=config.limits)
+                            val_fraction=config.data.val_fraction, limits=config.limits, layout=options.layout)
         if jax.process_index() == 0:
             print(source.report(), flush=True)
     else:
@@ -97,7 +102,12 @@ DEEPFAKE = register(Domain(
     evaluator=Later("triskele.train.domains.deepfake.evaluator", "DeepfakeEvaluator"),
     metric_names=Later("triskele.train.domains.deepfake.metrics", "NAMES"), inference="triskele.eval.domains.deepfake",
     evaluate_flags=(Flag("--holdout", "evaluate only this manipulation method's fakes (with all reals)",
-                         metavar="METHOD", key="deepfake.eval_methods"),),
+                         metavar="METHOD", key="deepfake.eval_methods"),
+                    Flag("--layout", "the --data's layout: auto (detected) or one of ffpp, celeb-df, dfdc, dfdcp, "
+                         "uadfv, generic, deepfakebench (default: the run's, auto unless its training named one)",
+                         metavar="NAME", key="deepfake.layout"),
+                    Flag("--frames-per-video", "frames sampled per video (default: the run's; DeepfakeBench's "
+                         "test protocol samples 32)", type=int, metavar="N", key="deepfake.frames_per_video")),
     predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),
                    Flag("--frames-per-video", "frames sampled per video or folder of crops (default 32, "
                         "DeepfakeBench's, whatever the run trained on)", type=int, metavar="N")),

@@ -1,4 +1,4 @@
-"""Deepfake data: procedural faces with blended fakes, and FaceForensics++ frames on disk.
+"""Deepfake data: procedural faces with blended fakes, and face frames on disk in any dataset layout.
 
 Synthetic fakes alter the same face by one manipulation family (colour shift, exposure,
 down-then-up resampling, sharpening) and blend it back through a jittered, elastically deformed,
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +22,9 @@ from scipy import ndimage
 from triskele.train.config import InputLimits
 from triskele.train.data.images import IMAGE_SUFFIXES, read_image
 from triskele.train.data.pipeline import RecordCache
-from triskele.train.data.splits import check_split, dataset_name, hold_out
+from triskele.train.data.splits import check_split
 from triskele.train.domains.deepfake.faces import crop_face_region
+from triskele.train.domains.deepfake.layouts import AUTO, Tree, Video, find_layout, split_videos
 
 FAMILIES = ("ColorShift", "Exposure", "Resample", "Sharpen")
 """The families a supervised detector trains on (and the self-blending pool resembles)."""
@@ -339,133 +339,70 @@ def _video_frames(folder: Path) -> list[Path]:
     return frames
 
 
-class FaceFrames:
-    """Face-crop frames on disk: FaceForensics++ preprocessing output or a generic real/fake layout.
+def _listed_frames(video: Video) -> list[Path]:
+    """The frames a dataset file lists for `video` (DeepfakeBench's JSON), each checked to be there."""
+    for frame in video.frames:
+        if not frame.is_file():
+            where, entry = video.listed
+            raise ValueError(f"{where} lists {'fake' if video.label else 'real'} video {entry!r} but its frame "
+                             f"{frame} does not exist")
+    return list(video.frames)
 
-    FF++: `original_sequences/youtube/<c>/frames/<vid>/NNN.png` (real) and
-    `manipulated_sequences/<Method>/<c>/frames/<a>_<b>/NNN.png` (fake), with `splits/<split>.json`
-    (pairs [a, b]: reals a and b, fakes a_b and b_a; a name absolute or with `..` is refused) when
-    present; without it every video is in every split (reported). Generic:
-    `[<split>/]{real,fake}/<video>/<frame>.png`. Without a val split of its own (`splits/val.json`,
-    a val/ folder), val is the `val_fraction` of the training videos held out by a hash of the
-    video's id: an FF++ pair's reals and fakes (or, without the pairs, real a and the fakes a_*), a
-    generic layout's same-named videos, go together, so no face of a validation video is trained on.
-    Records are frames (`clip_frames` 1) or clips of `clip_frames` frames; `frames_per_video`
-    frames are sampled uniformly from each video. A record's family is its method (FF++) or
-    `fake` (generic). `reals_only` reads the real videos alone (for self-blended training, whose
-    face region is `crop_face_region`: crops carry no landmarks). Frames are read within `limits`.
+
+class FaceFrames:
+    """Face-crop frames on disk, in any layout of `triskele.train.domains.deepfake.layouts` as
+    `prepare deepfake` leaves it (each video a folder of crops: FaceForensics++'s
+    `original_sequences/youtube/<c>/frames/<vid>/NNN.png`, Celeb-DF's `Celeb-real/<vid>/`, ...,
+    with the layout's label and split files) or a DeepfakeBench dataset JSON; `layout` names it
+    (`auto`: detected). Without a val split of its own, val is the `val_fraction` of the training
+    videos held out by a hash of the video's group (an FF++ pair's reals and fakes, or, without the
+    pairs, real a and the fakes a_*; a generic layout's same-named videos; a Celeb-DF identity), so
+    no face of a validation video is trained on. A video a label or split file lists must be there
+    (or be one `prepare` found no face in: left out and reported). Records are frames
+    (`clip_frames` 1) or clips of `clip_frames` frames; `frames_per_video` frames are sampled
+    uniformly from each video. A record's family is its fakes' method (FF++'s, Celeb-DF's
+    `Celeb-synthesis`, ...; `fake` for the generic layout). `reals_only` reads the real videos alone
+    (for self-blended training, whose face region is `crop_face_region`: crops carry no landmarks).
+    Frames are read within `limits`.
     """
 
     def __init__(self, root: str | Path, split: str, image_size: int, frames_per_video: int,
                  clip_frames: int = 1, methods: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
                  compression: str = "c23", reals_only: bool = False, val_fraction: float = 0.0,
-                 limits: InputLimits | None = None):
+                 limits: InputLimits | None = None, layout: str = AUTO):
         self.root, self.split, self.image_size = Path(root), check_split(split), image_size
         self.val_fraction, self.limits = val_fraction, limits
         self.clip_frames, self.reals_only = clip_frames, reals_only
-        if not self.root.is_dir():
-            raise ValueError(f"data.path {str(self.root)!r} is not a folder")
-        self.notes: list[str] = []
-        if (self.root / "original_sequences").is_dir():
-            self.layout = "FaceForensics++"
-            videos = self._ffpp(compression, methods, exclude)
-        else:
-            self.layout = "generic"
-            videos = self._generic()
+        if not self.root.is_dir() and not (self.root.is_file() and self.root.suffix.lower() == ".json"):
+            raise ValueError(f"data.path {str(self.root)!r} is not a folder (nor a DeepfakeBench dataset JSON)")
+        found = find_layout(self.root, layout)
+        self.layout = found.title
+        tree = Tree(self.root, prepared=True)
+        listing = found.read(tree, compression)
+        videos, self.notes = split_videos(found, listing, tree, self.split, val_fraction, methods, exclude)
         if reals_only:
-            videos = [v for v in videos if v[2] == 0]
-        if not any(label == 0 for *_, label in videos) or not (reals_only or any(label == 1 for *_, label in videos)):
+            videos = [v for v in videos if v.label == 0]
+        reals, fakes = sum(1 for v in videos if v.label == 0), sum(1 for v in videos if v.label == 1)
+        if not reals or not (reals_only or fakes):
             raise ValueError(f"{self.layout} data at {self.root}, split {split!r}: needs real "
-                             f"{'' if reals_only else 'and fake '}videos, "
-                             f"found {sum(1 for *_, lab in videos if lab == 0)} real and "
-                             f"{sum(1 for *_, lab in videos if lab == 1)} fake")
-        self.video_names = [name for name, _, _ in videos]
-        methods_found = [name.split("/")[0] for name, _, label in videos if label == 1]
-        self.family_names = ("real", *dict.fromkeys(methods_found))
-        self._families = [self.family_names.index(name.split("/")[0]) if label else 0 for name, _, label in videos]
+                             f"{'' if reals_only else 'and fake '}videos, found {reals} real and {fakes} fake")
+        self.video_names = [v.name for v in videos]
+        self.family_names = ("real", *dict.fromkeys(v.family for v in videos if v.label == 1))
+        self._families = [self.family_names.index(v.family) if v.label else 0 for v in videos]
         self.records: list[tuple[list[Path], int, int]] = []
-        for index, (_, folder, label) in enumerate(videos):
-            frames = sample_uniformly(_video_frames(folder), frames_per_video)
+        for index, video in enumerate(videos):
+            frames = sample_uniformly(_listed_frames(video) if video.frames else _video_frames(tree.path(video.key)),
+                                      frames_per_video)
             if clip_frames == 1:
-                self.records.extend(([frame], label, index) for frame in frames)
+                self.records.extend(([frame], video.label, index) for frame in frames)
             else:
                 clip = sample_uniformly(frames, clip_frames)
                 if len(clip) < clip_frames:
-                    raise ValueError(f"video folder {folder} has {len(clip)} frames, fewer than the clip "
-                                     f"length model.frames={clip_frames}")
-                self.records.append((clip, label, index))
+                    raise ValueError(f"video {video.name} ({tree.path(video.key)}) has {len(clip)} frames, fewer "
+                                     f"than the clip length model.frames={clip_frames}")
+                self.records.append((clip, video.label, index))
         self._reals = [i for i, (_, label, _) in enumerate(self.records) if label == 0]
         self.num_reals = len(self._reals)
-
-    def _ffpp(self, compression: str, methods: tuple[str, ...] | None, exclude: tuple[str, ...]):
-        real_dir = self.root / "original_sequences" / "youtube" / compression / "frames"
-        fake_root = self.root / "manipulated_sequences"
-        if not real_dir.is_dir():
-            raise ValueError(f"FaceForensics++ layout at {self.root}: missing folder {real_dir}")
-        available = sorted(p.name for p in fake_root.iterdir() if p.is_dir()) if fake_root.is_dir() else []
-        for name in (methods or ()) + exclude:
-            if name not in available:
-                raise ValueError(f"manipulation method {name!r} not under {fake_root}; methods there: {available}")
-        chosen = [m for m in (methods or available) if m not in exclude]
-        held_out = self.split != "test" and not (self.root / "splits" / "val.json").is_file()
-        split_file = self.root / "splits" / f"{'train' if held_out else self.split}.json"
-        pair_of: dict[str, str] = {}
-        if split_file.is_file():
-            try:
-                pairs = json.loads(split_file.read_text())
-                reals = sorted({str(v) for pair in pairs for v in pair})
-                fakes = sorted({f"{a}_{b}" for a, b in pairs} | {f"{b}_{a}" for a, b in pairs})
-                pair_of = {str(v): f"{a}_{b}" for a, b in pairs for v in (a, b)}
-            except (json.JSONDecodeError, TypeError, ValueError) as err:
-                raise ValueError(f"split file {split_file} is not a JSON list of [a, b] pairs: {err}") from None
-            for number, pair in enumerate(pairs, 1):
-                for name in pair:
-                    dataset_name(str(name), split_file, f"entry {number} {json.dumps(pair)}")
-            required = True
-        else:
-            reals = sorted(p.name for p in real_dir.iterdir() if p.is_dir())
-            fakes = None
-            required = False
-            self.notes.append(f"no {split_file.name}: every video is in split {self.split!r}")
-        videos = []
-        for vid in reals:
-            folder = real_dir / vid
-            if not folder.is_dir():
-                raise ValueError(f"split file {split_file} lists real video {vid!r} but {folder} does not exist")
-            videos.append((f"original/{vid}", folder, 0))
-        for method in chosen:
-            method_dir = fake_root / method / compression / "frames"
-            names = fakes if fakes is not None else sorted(p.name for p in method_dir.iterdir() if p.is_dir())
-            for vid in names:
-                folder = method_dir / vid
-                if not folder.is_dir():
-                    if required:
-                        raise ValueError(
-                            f"split file {split_file} lists fake video {vid!r} but {folder} does not exist"
-                        )
-                    continue
-                videos.append((f"{method}/{vid}", folder, 1))
-        if held_out:
-            first_id = lambda name: name.split("/", 1)[1].split("_")[0]  # real a, fake a_b: a
-            videos = hold_out(videos, lambda v: pair_of.get(first_id(v[0]), first_id(v[0])), self.split,
-                              self.val_fraction)
-        return videos
-
-    def _generic(self):
-        folder = lambda split: (self.root / split / "real").is_dir()
-        held_out = self.split != "test" and not folder("val")  # val drawn from the training videos
-        split = "train" if held_out else self.split
-        base = self.root / split if folder(split) else self.root
-        if not (base / "real").is_dir() or not (self.reals_only or (base / "fake").is_dir()):
-            raise ValueError(f"data.path {str(self.root)!r} matches no deepfake layout: expected original_sequences/ "
-                             f"(FaceForensics++) or [{split}/]real/ and fake/ folders of videos")
-        if base == self.root:
-            self.notes.append(f"no {split}/ folder: every video is in split {self.split!r}")
-        videos = [(f"{kind}/{p.name}", p, label) for kind, label in (("real", 0), ("fake", 1))
-                  if (base / kind).is_dir() for p in sorted((base / kind).iterdir()) if p.is_dir()]
-        if held_out:
-            videos = hold_out(videos, lambda v: v[1].name, self.split, self.val_fraction)
-        return videos
 
     def report(self) -> str:
         videos = len(self.video_names)

@@ -1,14 +1,18 @@
 """`python -m triskele.train prepare deepfake --input RAW --output DIR`: face-crop frames from videos.
 
-A FaceForensics++ video tree (`original_sequences/youtube/<c>/videos/*.mp4`,
-`manipulated_sequences/<Method>/<c>/videos/*.mp4`, `splits/*.json`) or a generic
-`[<split>/]{real,fake}/<video>.mp4` tree becomes the frame layout the deepfake loader reads:
-each video's folder `videos/` becomes `frames/`, and the video `<name>.mp4` a folder `<name>/` of
-face crops `<frame index>.png`; the split files are copied. `DIR/manifest.json` lists per video
-the frames decoded and sampled, the crops written, and the frames left out and why (no face, only
-other faces); a video that cannot be read, or is over an input limit (`--set limits.<key>=N`:
-frame size and frame count, checked from its header), is listed with the reason and the rest go on.
-Each finished video is recorded (`DIR/.prepare/`), so a rerun skips it; videos run in parallel.
+A video tree in one of the layouts `triskele.train.domains.deepfake.layouts` reads (detected, or
+`--layout NAME`): FaceForensics++ (`original_sequences/youtube/<c>/videos/*.mp4`,
+`manipulated_sequences/<Method>/<c>/videos/*.mp4`, `splits/*.json`), Celeb-DF v1/v2, DFDC, DFDCP,
+UADFV or a generic `[<split>/]{real,fake}/<video>.mp4` tree, becomes the frame layout the deepfake
+loader reads: each video's folder `videos/` becomes `frames/`, and the video `<name>.mp4` a folder
+`<name>/` of face crops `<frame index>.png`; the layout's label and split files are copied beside
+them, so the prepared tree reads as the raw one did. The layout's files are checked first: a label
+that is not the layout's, or a listed video that is missing, stops it with the file (and line)
+named. `DIR/manifest.json` records the layout and lists per video the frames decoded and sampled,
+the crops written, and the frames left out and why (no face, only other faces); a video that cannot
+be read, or is over an input limit (`--set limits.<key>=N`: frame size and frame count, checked from
+its header), is listed with the reason and the rest go on. Each finished video is recorded
+(`DIR/.prepare/`), so a rerun skips it; videos run in parallel.
 """
 
 from __future__ import annotations
@@ -32,13 +36,29 @@ from triskele.train.commands import Command
 from triskele.train.config import InputLimits, add_limits_flag, input_limits
 from triskele.train.data.walk import walk_files
 from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces
+from triskele.train.domains.deepfake.layouts import AUTO, LAYOUTS, Layout, Tree, find_layout, frames_key, listed_present
 from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
 
 def frames_folder(video: Path, raw: Path, out: Path) -> Path:
     """Where a video's crops go: its path under `raw`, `videos` -> `frames`, the suffix dropped."""
-    parts = ["frames" if part == "videos" else part for part in video.relative_to(raw).with_suffix("").parts]
-    return out.joinpath(*parts)
+    return out / frames_key(video.relative_to(raw).with_suffix("").as_posix())
+
+
+def raw_layout(raw: Path, layout: str = AUTO) -> tuple[Layout, list[Path]]:
+    """The layout of the raw tree `raw` and the label and split files to copy, its files checked: a
+    ValueError naming the file when one contradicts the layout or lists a video that is missing."""
+    if (raw.is_file() and raw.suffix.lower() == ".json") or (layout in LAYOUTS and LAYOUTS[layout].frames_only):
+        raise ValueError(f"--input {raw}: a DeepfakeBench dataset JSON lists face crops its preprocessing made "
+                         "already; nothing to prepare: give it to --data as it is")
+    if not raw.is_dir():
+        raise ValueError(f"--input {raw} {'is not a folder' if raw.exists() else 'does not exist'}: give the folder "
+                         "of the raw video tree")
+    found = find_layout(raw, layout, what="--input", option="--layout")
+    tree = Tree(raw, prepared=False)
+    listing = found.read(tree, None)
+    listed_present(listing.videos, tree)
+    return found, listing.files
 
 
 def _record_path(out: Path, key: str) -> Path:
@@ -69,20 +89,18 @@ def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits]) -> dict[
 
 
 def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers: int = 0, size: int = CROP_SIZE,
-                     progress: bool = True, limits: InputLimits | None = None) -> dict[str, Any]:
+                     progress: bool = True, limits: InputLimits | None = None, layout: str = AUTO) -> dict[str, Any]:
     """Every video of `raw` into the frame layout in `out` (module docstring); returns the summary."""
     raw, out, limits = Path(raw), Path(out), limits or InputLimits()
-    if not raw.is_dir():
-        raise ValueError(f"--input {raw} {'is not a folder' if raw.exists() else 'does not exist'}: give the folder "
-                         "of the raw video tree")
     if frames < 1:
         raise ValueError(f"--frames {frames} must be at least 1")
+    found, files = raw_layout(raw, layout)
     videos = sorted(walk_files(raw, lambda p: p.suffix.lower() in VIDEO_SUFFIXES))
     if not videos:
-        raise ValueError(f"--input {raw} holds no videos ({', '.join(VIDEO_SUFFIXES)}): expected a FaceForensics++ "
-                         "tree (original_sequences/youtube/<c>/videos/*.mp4, ...) or [<split>/]{real,fake}/<video>.mp4")
-    for split_file in raw.glob("splits/*.json"):
-        write_atomically(out / "splits" / split_file.name, split_file.read_bytes())
+        raise ValueError(f"--input {raw} holds no videos ({', '.join(VIDEO_SUFFIXES)}) for its {found.title} layout "
+                         f"({found.expects})")
+    for file in files:
+        write_atomically(out / file.relative_to(raw), file.read_bytes())
     done = {v for v in videos if _record_path(out, v.relative_to(raw).as_posix()).is_file()}
     todo = [(v, raw, out, frames, size, limits) for v in videos if v not in done]
     started, entries = time.perf_counter(), []
@@ -108,13 +126,14 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
     recorded = [json.loads(_record_path(out, v.relative_to(raw).as_posix()).read_text())
                 for v in videos if _record_path(out, v.relative_to(raw).as_posix()).is_file()]
     errors = [e for e in entries if "error" in e]
-    manifest = {"input": str(raw), "frames": frames, "size": size, "videos": recorded + errors}
+    manifest = {"input": str(raw), "layout": found.name, "frames": frames, "size": size, "videos": recorded + errors}
     write_atomically(out / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
     sampled = sum(e.get("frames_sampled", 0) for e in entries)
     return {"videos": len(videos), "prepared": len(entries) - len(errors), "skipped": len(done),
             "unreadable": len(errors), "no_face": sum(1 for e in recorded if e.get("reason")),
             "frames_written": sum(e.get("frames_written", 0) for e in recorded), "seconds": round(seconds, 3),
             "frames_per_sec": round(sampled / seconds, 2) if seconds > 0 else 0.0, "output": str(out),
+            "layout": found.name,
             "interrupted": stop.requested}
 
 
@@ -129,12 +148,14 @@ def _prepare_command(parser: argparse.ArgumentParser):
     parser.add_argument("--frames", type=int, default=32, help="frames sampled per video (default 32)")
     parser.add_argument("--size", type=int, default=CROP_SIZE, help=f"crop side in pixels (default {CROP_SIZE})")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default 0: this one)")
+    parser.add_argument("--layout", default=AUTO, choices=(AUTO, *LAYOUTS),
+                        help="the raw tree's layout (default: auto, detected)")
     parser.add_argument("--no-progress", action="store_true")
     add_limits_flag(parser, ("frame_pixels", "video_frames"))
 
     def run(args: argparse.Namespace) -> int:
         summary = prepare_deepfake(args.input, args.output, args.frames, args.workers, args.size,
-                                   not args.no_progress, input_limits(args.set))
+                                   not args.no_progress, input_limits(args.set), args.layout)
         print(json.dumps(summary, indent=2))
         if summary["unreadable"]:
             print(_failures(Path(args.output), summary["videos"]), file=sys.stderr)
