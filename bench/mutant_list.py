@@ -37,6 +37,7 @@ class Mutant:
 RELAUNCH = "tests/test_relaunch.py"
 FAULTS = "tests/test_faults.py"
 PIPELINE = "tests/test_pipeline.py"
+LAYOUTS = "tests/test_deepfake_layouts.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- restore / resume ---------------------------------------------------------------------
@@ -358,4 +359,35 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_read_only_store.py",),
            "quantize rewrites the source run's config.json: a write into a read-only model store (root is not "
            "stopped by the mode; the listing of names, sizes and times is)"),
+    # --- issue 32 items 4 and 7: the cross-dataset layouts and table ----------------------------
+    Mutant("celebdf-test-list-read-as-train", "train/domains/deepfake/layouts/celebdf.py", "_listed",
+           'video = _video(str(path.with_suffix("")), "test", (where, fields[1]))',
+           'video = _video(str(path.with_suffix("")), "train", (where, fields[1]))',
+           (f"{LAYOUTS}::test_celeb_df_list_gives_the_test_split_its_first_column_1_is_real",),
+           "Celeb-DF's List_of_testing_videos.txt puts its videos in the training split, not the test split"),
+    Mutant("dfdc-test-label-inverted", "train/domains/deepfake/layouts/dfdc.py", "_test",
+           'videos.append(Video(key, key, int(label), "test"', 'videos.append(Video(key, key, 1 - int(label), "test"',
+           (f"{LAYOUTS}::test_dfdc_test_labels_1_is_fake_and_training_parts_metadata",),
+           "DFDC's labels.csv read with 1 = real (it is 1 = fake): every test video's label backwards"),
+    Mutant("dfdcp-set-ignored", "train/domains/deepfake/layouts/dfdcp.py", "read_dfdcp",
+           'videos.append(Video(key, key, int(label == "fake"), split,',
+           'videos.append(Video(key, key, int(label == "fake"), "test",',
+           (f"{LAYOUTS}::test_dfdcp_index_gives_labels_sets_and_the_method_as_family",),
+           "DFDCP's set ignored: its training videos scored as test videos"),
+    Mutant("uadfv-fake-apart-from-its-real", "train/domains/deepfake/layouts/folders.py", "read_uadfv",
+           'lambda name: name.removesuffix("_fake")', "lambda name: name",
+           (f"{LAYOUTS}::test_uadfv_is_detected_by_its_fake_names_and_pairs_each_fake_with_its_real",),
+           "a UADFV fake held out for val apart from its real: the real's face is trained on, its fake validated"),
+    Mutant("layout-listed-video-missing-passes", "train/domains/deepfake/layouts/__init__.py", "listed_present",
+           "if video.listed is None or video.frames is not None or tree.has(video.key):", "if True:",
+           (LAYOUTS,), "a video a label file lists but the tree lacks passes unnoticed", k="id9_0000"),
+    Mutant("deepfakebench-frames-unsorted", "train/domains/deepfake/layouts/deepfakebench.py", "read_deepfakebench",
+           "paths = tuple(sorted((_frame(f, base, where) for f in frames), key=_number))",
+           "paths = tuple(_frame(f, base, where) for f in frames)",
+           (f"{LAYOUTS}::test_deepfakebench_json_is_read_directly_with_its_splits_labels_and_sorted_frames",),
+           "a DeepfakeBench video's frames taken in the JSON's order, not their numbers' (as DeepfakeBench sorts)"),
+    Mutant("deepfakebench-frame-outside-read", "train/domains/deepfake/layouts/deepfakebench.py", "_frame",
+           "if not full.is_relative_to(root):", "if False:",
+           (LAYOUTS,), "a DeepfakeBench frame path outside the JSON's folder (/etc/passwd, ../x) is read",
+           k="passwd"),
 )
