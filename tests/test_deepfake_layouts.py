@@ -215,3 +215,21 @@ def test_deepfakebench_entries_that_contradict_the_format_name_the_file_and_vide
     path, _, _ = deepfakebench(tmp_path, label, frame)
     with pytest.raises(ValueError, match=says):
         FaceFrames(path, "test", 16, 8)
+
+
+def test_ffpp_raw_tree_reads_each_compression_there_and_leaves_out_a_method_the_pairs_do_not_name(tmp_path):
+    real, fake = "original_sequences/youtube/c23/videos", "manipulated_sequences/Deepfakes"
+    _touch(tmp_path, f"{real}/000.mp4", f"{real}/001.mp4", f"{fake}/c23/videos/000_001.mp4",
+           f"{fake}/c23/videos/001_000.mp4", f"{fake}/c40/videos/000_001.mp4", f"{fake}/c40/videos/001_000.mp4",
+           "manipulated_sequences/DeepFakeDetection/c23/videos/01_02__outside_talking__YVGY8LOK.mp4")
+    (tmp_path / "splits").mkdir()
+    (tmp_path / "splits" / "test.json").write_text(json.dumps([["000", "001"]]))
+    layout, tree = find_layout(tmp_path), Tree(tmp_path, prepared=False)
+    videos, notes = split_videos(layout, layout.read(tree, None), tree, "test")
+    assert [v.key.split("/", 2)[2] for v in videos] == [
+        "c23/videos/000", "c23/videos/001", "c23/videos/000_001", "c23/videos/001_000", "c40/videos/000_001",
+        "c40/videos/001_000"], "no c40 reals asked for where there are none"
+    assert notes == ["DeepFakeDetection: no video named as the split files' pairs are, left out"]
+    (tmp_path / fake / "c40" / "videos" / "001_000.mp4").unlink()
+    with pytest.raises(ValueError, match=r"splits/test.json lists fake video '001_000' but .*c40/videos/001_000.mp4"):
+        prepare_deepfake(tmp_path, tmp_path / "out", progress=False)

@@ -54,6 +54,12 @@ def read_ffpp(tree: Tree, compression: str | None) -> Listing:
                     vid = key.rsplit("/", 1)[1]
                     videos.append(Video(f"{method}/{vid}", key, 1, None, method, vid.split("_")[0]))
         return Listing(videos)
+
+    def held(folder: str) -> bool:
+        """Every compression (prepare) reads the folders there are; the one asked for, each method's
+        (a listed video missing from it is an error)."""
+        return compression is not None or tree.where(folder).is_dir()
+
     for split_file in present:
         split, pairs = split_file.stem, _pairs(split_file)
         where = f"split file {split_file}"
@@ -61,11 +67,16 @@ def read_ffpp(tree: Tree, compression: str | None) -> Listing:
         reals = sorted(group)
         fakes = sorted({f"{a}_{b}" for a, b in pairs} | {f"{b}_{a}" for a, b in pairs})
         for c in compressions:
-            videos += [Video(f"original/{vid}", f"{REALS}/{c}/videos/{vid}", 0, split, "real", group[vid],
-                             (where, vid)) for vid in reals]
+            if held(f"{REALS}/{c}/videos"):
+                videos += [Video(f"original/{vid}", f"{REALS}/{c}/videos/{vid}", 0, split, "real", group[vid],
+                                 (where, vid)) for vid in reals]
             videos += [Video(f"{method}/{vid}", f"{FAKES}/{method}/{c}/videos/{vid}", 1, split, method,
-                             group[vid.split("_")[0]], (where, vid)) for method in methods for vid in fakes]
-    return Listing(videos, files=sorted((tree.root / "splits").glob("*.json")))
+                             group[vid.split("_")[0]], (where, vid))
+                       for method in methods if held(f"{FAKES}/{method}/{c}/videos") for vid in fakes]
+    # a method none of whose videos the pairs name (DeepFakeDetection's actors' clips) is not FF++'s pairs
+    unnamed = [m for m in methods if not any(tree.has(v.key) for v in videos if v.family == m)]
+    notes = [f"{', '.join(unnamed)}: no video named as the split files' pairs are, left out"] if unnamed else []
+    return Listing([v for v in videos if v.family not in unnamed], notes, sorted((tree.root / "splits").glob("*.json")))
 
 
 FFPP = Layout(
