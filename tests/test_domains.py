@@ -250,7 +250,7 @@ def test_predict_on_an_evaluation_split_gives_what_evaluate_computed(tmp_path):
                  for (paths, _, _), s in zip(source.records, scores, strict=True)}
     predicted = {}
     for kind in ("real", "fake"):
-        predict(workdir, root / kind, tmp_path / kind, mesh="data=8")
+        predict(workdir, root / kind, tmp_path / kind, mesh="data=8", frames_per_video=4)  # the frames evaluate reads
         for row in csv.DictReader((tmp_path / kind / "frames.csv").open()):
             predicted[(row["video"], row["frame"])] = float(row["fake_probability"])
     assert len(evaluated) == 16 and predicted.keys() == evaluated.keys()
