@@ -83,8 +83,8 @@ class Server:
         token_file.chmod(0o600)
         command = [sys.executable, "-m", "triskele.eval", "serve", "--workdir", str(workdir), "--port",
                    str(self.port), "--max-batch", str(max_batch), "--max-delay-ms", str(max_delay_ms),
-                   "--drain-seconds", str(DRAIN_SECONDS), "--max-queue", "1024", "--token-file", str(token_file),
-                   "--max-body-bytes", str(max_body)]
+                   "--drain-seconds", str(DRAIN_SECONDS), "--max-queue", "1024", "--max-in-flight", "1024",
+                   "--token-file", str(token_file), "--max-body-bytes", str(max_body)]
         self.log_path, self.log = log, log.open("w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 1800

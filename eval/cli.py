@@ -99,6 +99,15 @@ def _serve(parser):
                         help=f"longest a request waits for others to batch with (default {d['max_delay_ms']})")
     parser.add_argument("--max-queue", type=int, default=d["max_queue"],
                         help=f"requests waiting at most; more get 503 (default {d['max_queue']})")
+    parser.add_argument("--max-in-flight", type=int, default=d["max_in_flight"],
+                        help="infer requests arrived and not answered yet at most; more get 503 before their body is "
+                             f"read (default {d['max_in_flight']})")
+    parser.add_argument("--max-images", type=int, default=d["max_images"],
+                        help="elements of a BYTES input (images, videos) a request at most; more is 413, checked "
+                             f"from its shape (default {d['max_images']})")
+    parser.add_argument("--max-records", type=int, default=d["max_records"],
+                        help="records a request makes at most once decoded (tiles of large photos, video frames); "
+                             f"more is 413 (default {d['max_records']})")
     parser.add_argument("--timeout-seconds", type=float, default=d["timeout_seconds"],
                         help=f"a request's deadline; later is 504 (default {d['timeout_seconds']})")
     parser.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"],
@@ -114,10 +123,7 @@ def _serve(parser):
     def run(a):
         from triskele.eval.serving.server import serve
 
-        options = ServeOptions(host=a.host, port=a.port, name=a.name, max_batch=a.max_batch,
-                               max_delay_ms=a.max_delay_ms, max_queue=a.max_queue, timeout_seconds=a.timeout_seconds,
-                               max_body_bytes=a.max_body_bytes, token_file=a.token_file, threads=a.threads,
-                               drain_seconds=a.drain_seconds)
+        options = ServeOptions(**{field.name: getattr(a, field.name) for field in dataclasses.fields(ServeOptions)})
         return serve(a.workdir, a.exported, a.mesh, a.step, options, input_limits(a.set))
 
     return run

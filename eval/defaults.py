@@ -20,6 +20,12 @@ class ServeOptions:
     max_delay_ms: float = 5.0
     max_queue: int = 256
     """Requests waiting at most; one more is a 503 with Retry-After."""
+    max_in_flight: int = 64
+    """Infer requests arrived and not answered yet at most; one more is a 503 before its body is read."""
+    max_images: int = 64
+    """Elements of a BYTES input (images, videos, planograms) a request at most, checked from its shape."""
+    max_records: int = 256
+    """Records a request at most once decoded (images, tiles of large photos, sampled video frames)."""
     timeout_seconds: float = 30.0
     max_body_bytes: int = 64 << 20
     token_file: Path | None = None

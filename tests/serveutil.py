@@ -1,5 +1,6 @@
 """Servers for the serving tests: in this process on a thread (the session's runs and 8 devices),
-bound to 127.0.0.1 on a free port, stopped when the test's block ends."""
+bound to 127.0.0.1 on a free port, stopped when the test's block ends; `fake_serving` serves
+`Doubling` models through a `CountingIO` reader instead (no JAX, no checkpoint)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import numpy as np
 import requests
 from PIL import Image
 from triskele.eval.defaults import ServeOptions
-from triskele.eval.serving.app import build_app
-from triskele.eval.serving.server import DrainingServer, serving_state, warm_up
+from triskele.eval.serving.inputs import Decoder
+from triskele.eval.serving.server import DrainingServer, serving_state, state_of, uvicorn_config, warm_up
 from triskele.train.tools.launch import free_port
 
 START_SECONDS = 300
@@ -26,6 +27,8 @@ class Running:
     url: str
     """host:port, as tritonclient takes it."""
     state: object
+    server: DrainingServer
+    gate: threading.Event | None = None
 
     def get(self, path: str, **kwargs) -> requests.Response:
         return requests.get(f"http://{self.url}{path}", timeout=60, **kwargs)
@@ -44,14 +47,17 @@ class Running:
 @contextlib.contextmanager
 def serving(workdir, exported=None, **options) -> Iterator[Running]:
     """A warmed server of `workdir`'s run or an `exported` model (ServeOptions `options`) until the block ends."""
-    import uvicorn
-
-    port = free_port()
     state, models = serving_state(workdir, exported, options.pop("mesh", None), None,
-                                  ServeOptions(port=port, **options), None)
+                                  ServeOptions(port=free_port(), **options), None)
+    with _running(state, models) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _running(state, models) -> Iterator[Running]:
+    """`state`'s server, warmed, on a thread until the block ends; `running.server` is its DrainingServer."""
     warm_up(state, models)
-    config = uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_config=None, access_log=False)
-    server = DrainingServer(config, state, 5)
+    server = DrainingServer(uvicorn_config(state), state, 5)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_SECONDS
@@ -59,12 +65,63 @@ def serving(workdir, exported=None, **options) -> Iterator[Running]:
         assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
         time.sleep(0.05)
     try:
-        yield Running(f"127.0.0.1:{port}", state)
+        yield Running(f"127.0.0.1:{state.options.port}", state, server)
     finally:
         server.should_exit = True
         thread.join(60)
         state.batcher.stop()
         state.pool.shutdown()
+
+
+class Doubling:
+    """A model of one batch size for tests without JAX: its output `y` is its input times 2; `calls`
+    lists every batch's size; while `gate` (a threading.Event) is clear, a batch waits on the device."""
+
+    def __init__(self, size: int, calls: list | None = None, gate: threading.Event | None = None):
+        self.size, self.calls, self.gate = size, [] if calls is None else calls, gate
+
+    def dispatch(self, rows):
+        assert len(rows) == self.size
+        if self.gate is not None:
+            self.gate.wait()
+        self.calls.append(self.size)
+        return rows
+
+    def fetch(self, rows):
+        return {"y": rows * 2}
+
+
+class CountingIO:
+    """A predict reader for tests: an image's bytes are a number in text, N, read as N records of
+    ones (`record` shaped); its answer `total` is the sum of their outputs (2 x N x record size)."""
+
+    serving_outputs = {"total": ("FP32", [])}
+
+    def __init__(self, record: tuple[int, ...]):
+        self.record = record
+
+    def read(self, unit):
+        return np.ones((int(unit.paths[0].data), *self.record), np.float32), None
+
+    def respond(self, context, outputs):
+        return {"total": np.float32(outputs["y"].sum())}
+
+
+@contextlib.contextmanager
+def fake_serving(sizes=(1, 2, 4), record=(2,), reader=None, **options) -> Iterator[Running]:
+    """A warmed server of `Doubling` models (model "fake", `record`-shaped records) reading images
+    with `reader` (default CountingIO) until the block ends; `running.gate` (set) holds batches while clear."""
+    gate = threading.Event()
+    gate.set()
+    models = {size: Doubling(size, gate=gate) for size in sizes}
+    options = ServeOptions(port=free_port(), **options)
+    state = state_of(models, Decoder(reader or CountingIO(record), record, options.max_records), "fake", options)
+    with _running(state, models) as running:
+        running.gate = gate
+        try:
+            yield running
+        finally:
+            gate.set()  # the device thread's last batches go before it stops
 
 
 def png(array: np.ndarray) -> bytes:

@@ -1,4 +1,4 @@
-"""The dynamic batcher on its own, with a model that records its calls: the padding rule, large
+"""The dynamic batcher on its own, with a model that records its calls (`Doubling`): the padding rule, large
 requests split, every request its own rows, deadlines and a bounded queue. No JAX."""
 
 import concurrent.futures
@@ -6,28 +6,14 @@ import time
 
 import numpy as np
 import pytest
+from serveutil import Doubling
 from triskele.eval.serving.batcher import Batcher, compiled_sizes
 from triskele.eval.serving.protocol import RequestError
 
 
-class Recording:
-    """A model of one batch size whose output is its input times 2; `calls` lists every batch's size."""
-
-    def __init__(self, size: int, calls: list):
-        self.size, self.calls = size, calls
-
-    def dispatch(self, rows):
-        assert len(rows) == self.size
-        self.calls.append(self.size)
-        return rows
-
-    def fetch(self, rows):
-        return {"y": rows * 2}
-
-
 def _batcher(sizes, max_delay=0.05, max_queue=100):
     calls, events = [], []
-    batcher = Batcher({s: Recording(s, calls) for s in sizes}, max_delay, max_queue,
+    batcher = Batcher({s: Doubling(s, calls) for s in sizes}, max_delay, max_queue,
                       lambda event, value: events.append((event, value)))
     return batcher, calls, events
 
@@ -105,8 +91,8 @@ def test_a_request_past_its_deadline_is_not_run_and_a_full_queue_refuses_with_re
     assert calls == [1]
 
 
-class Logging(Recording):
-    """As Recording, and `log` lists ('dispatch'|'fetch', batch number) in the order they happen."""
+class Logging(Doubling):
+    """As Doubling, and `log` lists ('dispatch'|'fetch', batch number) in the order they happen."""
 
     def __init__(self, size, calls, log):
         super().__init__(size, calls)
@@ -165,7 +151,7 @@ def test_a_batch_in_flight_is_answered_without_waiting_for_the_next_batch_to_fil
 
 
 def test_a_failed_dispatch_or_fetch_fails_only_its_own_requests():
-    class Failing(Recording):
+    class Failing(Doubling):
         def __init__(self, size, calls, fail_on):
             super().__init__(size, calls)
             self.fail_on = fail_on

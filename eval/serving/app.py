@@ -1,7 +1,9 @@
 """The HTTP side (Starlette): the Open Inference Protocol v2 routes, the bearer token on model and
 infer routes (health and metrics stay open), the body size limit, the per-request deadline, a
 structured access-log line and the status-code count of every request; every refusal is
-`{"error": reason}` with a 4xx/5xx status, and the server goes on."""
+`{"error": reason}` with a 4xx/5xx status, and the server goes on. An infer request counts as in
+flight from its arrival until its response is sent (`Admission`): one over `--max-in-flight` is
+refused before its body is read, and the drain on SIGTERM waits for the last byte answered."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from triskele.eval.defaults import ServeOptions
 from triskele.eval.serving.batcher import Batcher
 from triskele.eval.serving.inputs import Decoder
 from triskele.eval.serving.metrics import CONTENT_TYPE, ServeMetrics
@@ -39,17 +42,20 @@ class ServeState:
     config: dict[str, Any]
     """The Triton-style model configuration (`/config`)."""
     metadata: dict[str, Any]
+    options: ServeOptions = dataclasses.field(default_factory=ServeOptions)
     token: str | None = None
-    max_body: int = 64 << 20
-    timeout: float = 30.0
     ready: bool = False
     draining: bool = False
     in_flight: int = 0
-    """Infer requests accepted and not answered yet (the drain waits for them)."""
+    """Infer requests arrived whose response is not sent yet (`Admission`; the drain waits for them)."""
 
 
 def _error(err: RequestError) -> JSONResponse:
     return JSONResponse({"error": err.reason}, err.status, headers=err.headers)
+
+
+def _is_infer(scope: dict) -> bool:
+    return scope["method"] == "POST" and scope["path"].endswith("/infer")
 
 
 def _route_kind(path: str) -> str:
@@ -87,6 +93,46 @@ class AccessLog:
             ACCESS_LOG.info(json.dumps({"time": round(time.time(), 3), "client": client[0],
                                         "method": scope["method"], "path": scope["path"], "status": status[0],
                                         "ms": round(1000 * seconds, 2)}))
+
+
+class Admission:
+    """ASGI middleware: counts infer requests in flight from their arrival until their response is
+    sent, and answers one over `--max-in-flight` 503 (Retry-After) at once, before its body is read:
+    so many concurrent uploads hold at most that many bodies in memory (uvicorn pauses reading a
+    request's body until the app asks for it)."""
+
+    def __init__(self, app: Any, state: ServeState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not _is_infer(scope):
+            return await self.app(scope, receive, send)
+        limit = self.state.options.max_in_flight
+        if self.state.in_flight >= limit:
+            refusal = RequestError(503, f"the server has {limit} infer requests in flight, its limit "
+                                   "(--max-in-flight); retry shortly", {"Retry-After": "1"})
+            return await _error(refusal)(scope, receive, send)
+        self.state.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
+
+
+CHUNK_BYTES = 1 << 20
+
+
+def streamed(body: bytes, media_type: str, headers: dict[str, str]) -> StreamingResponse:
+    """`body` sent in 1 MiB pieces (its Content-Length given): uvicorn takes a piece only once the
+    ones before it have left its buffer for the socket, so the response is done (and its request
+    leaves the count in flight) when the client has taken all but the last piece, not as soon as
+    the whole body is queued in memory."""
+    async def pieces():
+        view = memoryview(body)
+        for start in range(0, len(body), CHUNK_BYTES):
+            yield view[start:start + CHUNK_BYTES]
+
+    return StreamingResponse(pieces(), media_type=media_type, headers={**headers, "Content-Length": str(len(body))})
 
 
 def build_app(state: ServeState) -> Starlette:
@@ -154,15 +200,15 @@ def build_app(state: ServeState) -> Starlette:
         return JSONResponse(state.config)
 
     async def body_of(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        too_large = RequestError(413, f"the request body is over the server's limit of {state.max_body:,} bytes "
+        declared, limit = request.headers.get("content-length"), state.options.max_body_bytes
+        too_large = RequestError(413, f"the request body is over the server's limit of {limit:,} bytes "
                                  "(--max-body-bytes)")
-        if declared is not None and declared.isdigit() and int(declared) > state.max_body:
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_large
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > state.max_body:
+            if size > limit:
                 raise too_large
             chunks.append(chunk)
         return b"".join(chunks)
@@ -172,11 +218,7 @@ def build_app(state: ServeState) -> Starlette:
         refusal = _readiness()
         if refusal:
             raise refusal
-        state.in_flight += 1
-        try:
-            return await _infer(request)
-        finally:
-            state.in_flight -= 1
+        return await _infer(request)
 
     async def _run(records: np.ndarray, deadline: float) -> dict[str, np.ndarray]:
         """The model's rows for `records` (n >= 1) through the batcher, within the deadline."""
@@ -185,16 +227,16 @@ def build_app(state: ServeState) -> Starlette:
             return await asyncio.wait_for(asyncio.wrap_future(job.future), max(deadline - time.monotonic(), 0))
         except TimeoutError:
             job.abandoned = True
-            raise RequestError(504, f"no answer within the request deadline of {state.timeout:g} s "
+            raise RequestError(504, f"no answer within the request deadline of {state.options.timeout_seconds:g} s "
                                "(--timeout-seconds)") from None
 
     async def _infer(request: Request) -> Response:
-        deadline = time.monotonic() + state.timeout
+        deadline = time.monotonic() + state.options.timeout_seconds
         body = await body_of(request)
         loop = asyncio.get_running_loop()
 
         def decode():
-            parsed = parse_infer(body, request.headers.get(HEADER_LENGTH))
+            parsed = parse_infer(body, request.headers.get(HEADER_LENGTH), state.options.max_images)
             return parsed, state.decoder.decode(parsed.inputs)
 
         parsed, decoded = await loop.run_in_executor(state.pool, decode)
@@ -205,8 +247,8 @@ def build_app(state: ServeState) -> Starlette:
 
         body, header_length = await loop.run_in_executor(state.pool, encode)
         if header_length is None:
-            return Response(body, media_type="application/json")
-        return Response(body, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
+            return streamed(body, "application/json", {})
+        return streamed(body, "application/octet-stream", {HEADER_LENGTH: str(header_length)})
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
@@ -225,7 +267,8 @@ def build_app(state: ServeState) -> Starlette:
                             getattr(exc, "status_code", 404))
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
-    app.add_middleware(AccessLog, metrics=state.metrics)
+    app.add_middleware(Admission, state=state)
+    app.add_middleware(AccessLog, metrics=state.metrics)  # the outer one: it logs the admission's refusals too
     return app
 
 

@@ -27,10 +27,12 @@ class Decoded:
 
 
 class Decoder:
-    """A domain's predict reader and its `respond` behind the two inputs; `record_shape`: one record's."""
+    """A domain's predict reader and its `respond` behind the two inputs; `record_shape`: one record's;
+    a request makes at most `max_records` records (its images' tiles or video frames counted as they
+    are read, so that reading stops at the first image over)."""
 
-    def __init__(self, io: Any, record_shape: tuple[int, ...]):
-        self.io, self.record_shape = io, tuple(record_shape)
+    def __init__(self, io: Any, record_shape: tuple[int, ...], max_records: int):
+        self.io, self.record_shape, self.max_records = io, tuple(record_shape), max_records
         self.outputs = io.serving_outputs  # a domain (or task) that serves nothing yet refuses here
         self.extras: dict[str, tuple[str, list[int]]] = getattr(io, "serving_inputs", {})  # most readers take none
 
@@ -61,6 +63,7 @@ class Decoder:
             if records.ndim != 1 + len(self.record_shape) or records.shape[1:] != self.record_shape or not len(records):
                 raise bad(f"input {RECORDS_INPUT!r} has shape {list(records.shape)}; the model takes "
                           f"[n, {', '.join(map(str, self.record_shape))}] with n >= 1")
+            self._check_records(len(records), f"input {RECORDS_INPUT!r}")
             return Decoded(records, None)
         images = inputs[IMAGE_INPUT]
         if images.dtype != object:
@@ -72,7 +75,7 @@ class Decoder:
             if inputs[name].dtype != object or len(files) != images.size:
                 raise bad(f"input {name!r} must be BYTES with one element per image ({images.size}), got "
                           f"{inputs[name].dtype} of shape {list(inputs[name].shape)}")
-        parts, contexts = [], []
+        parts, contexts, total = [], [], 0
         for i, data in enumerate(images.ravel()):
             name = f"{IMAGE_INPUT}[{i}]"
             beside = tuple(EncodedImage(files[i], f"{extra}[{i}]") for extra, files in extras.items() if len(files[i]))
@@ -80,9 +83,17 @@ class Decoder:
                 records, context = self.io.read(Unit(name, (EncodedImage(data, name), *beside)))
             except ValueError as err:
                 raise bad(str(err)) from None
+            total += len(records)
+            self._check_records(total, f"images {IMAGE_INPUT}[0] to {name}")
             parts.append(np.asarray(records, np.float32))
             contexts.append((context, len(records)))
         return Decoded(np.concatenate(parts), contexts)  # no records at all (a video without a face): no model call
+
+    def _check_records(self, count: int, what: str) -> None:
+        if count > self.max_records:
+            raise RequestError(413, f"{what} make {count:,} records (images, tiles, video frames), over this "
+                               f"server's limit of {self.max_records:,} a request (--max-records); send fewer or "
+                               "smaller inputs a request")
 
     def respond(self, decoded: Decoded, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The answer's tensors: the domain's per image, stacked, or the raw rows."""

@@ -70,10 +70,12 @@ def _shape(spec: dict[str, Any], name: str) -> list[int]:
     return shape
 
 
-def split_bytes(data: bytes, name: str) -> list[bytes]:
-    """The elements of a binary BYTES tensor (each prefixed by its 4-byte little-endian length)."""
+def split_bytes(data: bytes, name: str, count: int) -> list[bytes]:
+    """The `count` elements of a binary BYTES tensor (each prefixed by its 4-byte little-endian length)."""
     items, offset = [], 0
     while offset < len(data):
+        if len(items) == count:
+            raise bad(f"input {name!r}: its BYTES data hold more than the {count} elements of its shape")
         if offset + 4 > len(data):
             raise bad(f"input {name!r}: BYTES data ends inside an element's 4-byte length prefix")
         (size,) = struct.unpack_from("<I", data, offset)
@@ -84,8 +86,9 @@ def split_bytes(data: bytes, name: str) -> list[bytes]:
     return items
 
 
-def _tensor(spec: Any, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
-    """(name, array, offset after its binary data) of one request input."""
+def _tensor(spec: Any, binary: memoryview, offset: int, max_bytes_elements: int) -> tuple[str, np.ndarray, int]:
+    """(name, array, offset after its binary data) of one request input; a BYTES input of more than
+    `max_bytes_elements` elements is refused from its shape, before its data are looked at."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise bad(f"each input must be an object with a name, got {str(spec)[:80]!r}")
     name = spec["name"]
@@ -93,6 +96,9 @@ def _tensor(spec: Any, binary: memoryview, offset: int) -> tuple[str, np.ndarray
     if datatype not in DATATYPES:
         raise bad(f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
     count = int(np.prod(shape))
+    if datatype == "BYTES" and count > max_bytes_elements:
+        raise RequestError(413, f"input {name!r}: shape {shape} holds {count:,} BYTES elements, over this server's "
+                           f"limit of {max_bytes_elements:,} a request (--max-images); send them in several requests")
     size = (spec.get("parameters") or {}).get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size < 0 or offset + size > len(binary):
@@ -101,7 +107,7 @@ def _tensor(spec: Any, binary: memoryview, offset: int) -> tuple[str, np.ndarray
         raw = bytes(binary[offset:offset + size])
         offset += size
         if datatype == "BYTES":
-            items = split_bytes(raw, name)
+            items = split_bytes(raw, name, count)
         else:
             itemsize = np.dtype(DATATYPES[datatype]).itemsize
             if size != count * itemsize:
@@ -131,8 +137,9 @@ def _tensor(spec: Any, binary: memoryview, offset: int) -> tuple[str, np.ndarray
     return name, array.reshape(shape), offset
 
 
-def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
-    """An infer request from its body and its `Inference-Header-Content-Length` header (None: all JSON)."""
+def parse_infer(body: bytes, header_length: str | None, max_bytes_elements: int) -> InferRequest:
+    """An infer request from its body and its `Inference-Header-Content-Length` header (None: all
+    JSON); a BYTES input (images, one file each) holds at most `max_bytes_elements` elements."""
     length = _header_length(header_length, len(body))
     request = _json_object(body if length is None else body[:length])
     binary = memoryview(body)[len(body) if length is None else length:]
@@ -141,7 +148,7 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         raise bad("the request has no inputs (a list of tensors under 'inputs')")
     inputs, offset = {}, 0
     for spec in specs:
-        name, array, offset = _tensor(spec, binary, offset)
+        name, array, offset = _tensor(spec, binary, offset, max_bytes_elements)
         if name in inputs:
             raise bad(f"input {name!r} is given twice")
         inputs[name] = array

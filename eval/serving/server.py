@@ -90,11 +90,15 @@ def serving_state(workdir: str | Path | None, exported: str | Path | None, mesh:
     from triskele.eval.exported import record_shape
 
     models = compiled_models(workdir, exported, mesh, step, options.max_batch)
-    sizes = sorted(models)
-    model = models[sizes[0]]
+    model = models[min(models)]
     record = tuple(record_shape(model.meta["image_size"], model.meta["channels"], model.meta["frames"]))
-    decoder = Decoder(_predict_io(model, workdir, {}, limits), record)
-    name = options.name or model.meta["domain"]
+    decoder = Decoder(_predict_io(model, workdir, {}, limits), record, options.max_records)
+    return state_of(models, decoder, options.name or model.meta["domain"], options), models
+
+
+def state_of(models: dict[int, Any], decoder: Decoder, name: str, options: ServeOptions) -> ServeState:
+    """The routes' shared state over the compiled `models` (size -> model) and `decoder`."""
+    sizes = sorted(models)
     metrics = ServeMetrics(sizes)
     token = None
     if options.token_file is not None:
@@ -102,10 +106,23 @@ def serving_state(workdir: str | Path | None, exported: str | Path | None, mesh:
         if not token:
             raise ValueError(f"--token-file {options.token_file} is empty")
     batcher = Batcher(models, options.max_delay_ms / 1000, options.max_queue, metrics.observe)
-    state = ServeState(name, decoder, batcher, metrics, concurrent.futures.ThreadPoolExecutor(options.threads),
-                       triton_config(name, sizes, decoder, options.max_delay_ms / 1000), decoder.metadata({}),
-                       token, options.max_body_bytes, options.timeout_seconds)
-    return state, models
+    return ServeState(name, decoder, batcher, metrics, concurrent.futures.ThreadPoolExecutor(options.threads),
+                      triton_config(name, sizes, decoder, options.max_delay_ms / 1000), decoder.metadata({}),
+                      options, token)
+
+
+HEALTH_ROOM = 16
+"""Connections uvicorn takes beyond `--max-in-flight` (health probes, /metrics, refusals that say why)."""
+
+
+def uvicorn_config(state: ServeState) -> uvicorn.Config:
+    """uvicorn serving `state`'s routes where its options say; its own connection limit a little above
+    `--max-in-flight`, so that infer requests over it get the app's 503 with a reason (`Admission`)
+    and a flood of connections still meets a bound."""
+    options = state.options
+    return uvicorn.Config(build_app(state), host=options.host, port=options.port, log_config=None, access_log=False,
+                          timeout_graceful_shutdown=options.drain_seconds,
+                          limit_concurrency=options.max_in_flight + HEALTH_ROOM)
 
 
 def warm_up(state: ServeState, models: dict[int, Any]) -> None:
@@ -136,9 +153,7 @@ def serve(workdir: str | Path | None, exported: str | Path | None = None, mesh: 
     options = options or ServeOptions()
     _log_to_stderr()
     state, models = serving_state(workdir, exported, mesh, step, options, limits)
-    config = uvicorn.Config(build_app(state), host=options.host, port=options.port, log_config=None,
-                            access_log=False, timeout_graceful_shutdown=options.drain_seconds)
-    server = DrainingServer(config, state, options.drain_seconds)
+    server = DrainingServer(uvicorn_config(state), state, options.drain_seconds)
 
     def warming() -> None:
         try:

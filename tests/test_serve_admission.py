@@ -1,0 +1,122 @@
+"""What an infer request may hold, on a server of models without JAX (`fake_serving`): a request over
+`--max-in-flight` is refused before its body is read, and a request counts as in flight (the drain
+waits for it) until its response's last byte is sent; images over `--max-images` and records over
+`--max-records` are refused naming the flag."""
+
+import http.client
+import json
+import signal
+import socket
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from serveutil import fake_serving
+
+pytestmark = pytest.mark.xdist_group("serve")
+
+INFER = "/v2/models/fake/infer"
+
+
+def records_request(records: np.ndarray, binary_output: bool = False) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of an infer request sending `records` as binary FP32 data."""
+    raw = np.ascontiguousarray(records, "<f4").tobytes()
+    header = json.dumps({"inputs": [{"name": "input", "shape": list(records.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(raw)}}],
+                         "parameters": {"binary_data_output": binary_output}}).encode()
+    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def wait_for(condition, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def connection(url: str, receive_buffer: int | None = None) -> http.client.HTTPConnection:
+    """A client connection to `url` (host:port), its socket's receive buffer `receive_buffer` bytes if given."""
+    host, port = url.split(":")
+    opened = http.client.HTTPConnection(host, int(port), timeout=30)
+    if receive_buffer is not None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.settimeout(30)
+        sock.connect((host, int(port)))
+        opened.sock = sock
+    return opened
+
+
+def test_an_infer_request_over_max_in_flight_is_refused_before_its_body_is_read():
+    """One request held on the device fills `--max-in-flight 1`; the next declares a 60 MB body and
+    sends none of it: it is answered 503 with Retry-After (a server that read its body first would
+    wait for it), and once the first is answered the next request is served."""
+    body, headers = records_request(np.ones((1, 2), np.float32))
+    with fake_serving(max_in_flight=1) as server, ThreadPoolExecutor(1) as pool:
+        server.gate.clear()
+        held = pool.submit(server.post, INFER, data=body, headers=headers)
+        wait_for(lambda: server.state.in_flight == 1, "the first request to arrive")
+        upload = connection(server.url)
+        upload.putrequest("POST", INFER)
+        upload.putheader("Content-Length", str(60 << 20))
+        upload.endheaders()
+        refused = upload.getresponse()
+        assert refused.status == 503 and refused.getheader("Retry-After")
+        assert "--max-in-flight" in json.loads(refused.read())["error"]
+        server.gate.set()
+        assert held.result(60).status_code == 200
+        assert server.post(INFER, data=body, headers=headers).status_code == 200
+
+
+def test_a_request_is_in_flight_until_its_response_is_sent_and_the_drain_waits_for_it():
+    """A 16 MB binary answer to a client that reads nothing yet cannot fit in the sockets' buffers
+    (4 MB at most here): once its status line has come, the request still counts as in flight, a
+    SIGTERM's drain waits for it, and the client gets every byte."""
+    records = np.random.default_rng(0).random((256, 16384), np.float32)
+    body, headers = records_request(records, binary_output=True)
+    with fake_serving(sizes=(32,), record=(16384,)) as server:
+        client = connection(server.url, receive_buffer=16384)
+        client.request("POST", INFER, body, headers)
+        answer = client.getresponse()
+        assert answer.status == 200
+        assert server.state.in_flight == 1
+        server.server.handle_exit(signal.SIGTERM, None)
+        header = answer.read(int(answer.getheader("Inference-Header-Content-Length")))
+        assert json.loads(header)["outputs"][0]["parameters"]["binary_data_size"] == records.nbytes
+        got = np.frombuffer(answer.read(), "<f4").reshape(records.shape)
+        wait_for(lambda: server.server.drained is not None, "the drain to end")
+        assert server.server.drained is True
+    np.testing.assert_array_equal(got, records * 2)
+
+
+def images_request(*items: bytes, shape: list[int] | None = None) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of an infer request sending `items` as a binary BYTES `image` input of `shape`."""
+    data = b"".join(struct.pack("<I", len(item)) + item for item in items)
+    header = json.dumps({"inputs": [{"name": "image", "shape": shape or [len(items)], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(data)}}]}).encode()
+    return header + data, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def test_images_over_max_images_and_records_over_max_records_are_413_naming_the_flag():
+    """CountingIO reads "N" as N records and refuses "x": 3 unreadable images over --max-images 2
+    are refused from the shape (413, not the 400 of reading them); a BYTES tensor holding more
+    elements than its shape says is a 400; images making 6 records over --max-records 5 are a 413
+    once the second is read, and so are 6 FP32 records; within both limits the answer is right."""
+    with fake_serving(max_images=2, max_records=5) as server:
+        def post(request):
+            body, headers = request
+            answer = server.post(INFER, data=body, headers=headers)
+            return answer.status_code, answer.json()
+
+        status, answer = post(images_request(b"x", b"x", b"x"))
+        assert status == 413 and "3 BYTES elements" in answer["error"] and "--max-images" in answer["error"]
+        status, answer = post(images_request(b"1", b"1", b"1", shape=[2]))
+        assert status == 400 and "more than the 2 elements of its shape" in answer["error"]
+        status, answer = post(images_request(b"3", b"3"))
+        assert status == 413 and "make 6 records" in answer["error"] and "--max-records" in answer["error"]
+        status, answer = post(records_request(np.ones((6, 2), np.float32)))
+        assert status == 413 and "make 6 records" in answer["error"] and "--max-records" in answer["error"]
+        status, answer = post(images_request(b"3", b"2"))
+        assert status == 200 and answer["outputs"][0]["data"] == [12.0, 8.0]
