@@ -84,7 +84,7 @@ def _predict(parser):
 
 
 def _serve(parser):
-    from triskele.eval.defaults import ServeOptions
+    from triskele.eval.defaults import SERVE_LIMITS, ServeOptions
 
     d = dataclasses.asdict(ServeOptions())
 
@@ -118,13 +118,13 @@ def _serve(parser):
     parser.add_argument("--drain-seconds", type=float, default=d["drain_seconds"],
                         help="on SIGTERM, time to answer the requests accepted before exiting "
                              f"(default {d['drain_seconds']})")
-    add_limits_flag(parser)
+    add_limits_flag(parser, defaults=SERVE_LIMITS)
 
     def run(a):
         from triskele.eval.serving.server import serve
 
         options = ServeOptions(**{field.name: getattr(a, field.name) for field in dataclasses.fields(ServeOptions)})
-        return serve(a.workdir, a.exported, a.mesh, a.step, options, input_limits(a.set))
+        return serve(a.workdir, a.exported, a.mesh, a.step, options, input_limits(a.set, SERVE_LIMITS))
 
     return run
 

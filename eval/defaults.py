@@ -8,6 +8,12 @@ INFERENCE_BATCH_PER_DEVICE = 8
 """predict's default batch: this many records per device on `data x fsdp` (never the training batch)."""
 
 
+SERVE_LIMITS = {"image_pixels": 12_000_000, "frame_pixels": 1920 * 1080, "video_frames": 9000}
+"""serve's own input limits, below predict's (`InputLimits`): a request's image at most 12
+megapixels, its videos' frames at most 1920x1080 and 9,000 (5 minutes at 30 fps), so that the
+threads decoding requests at once hold bounded memory; `--set limits.KEY=N` overrides them."""
+
+
 @dataclasses.dataclass
 class ServeOptions:
     """How `serve` runs (its flags, by name)."""

@@ -1,8 +1,8 @@
 """Every bad request gets a 4xx (or 503/504) with a JSON error naming the problem, and the server
 keeps serving: no or a wrong token, an unknown model, bad JSON, wrong shape or dtype, truncated or
-non-image bytes, a body over the limit, an image whose header declares too many pixels (refused
-before decoding: its pixel data are cut short, so a decoder would have failed otherwise), a
-request past its deadline and a full queue."""
+non-image bytes, a body over the limit, an image whose header declares too many pixels for serve's
+own limits, lower than predict's (refused before decoding: its pixel data are cut short, so a
+decoder would have failed otherwise), a request past its deadline and a full queue."""
 
 import json
 import struct
@@ -79,10 +79,10 @@ CASES = {
     "empty bytes": (lambda: _images(b""), 400, "empty file (0 bytes)"),
     "BYTES length past the data": (lambda: {**_images(GOOD), "data": _images(GOOD)["data"][:-10]}, 400,
                                    "binary_data_size"),
-    "over the pixel limit": (lambda: _images(header_only_png(6000, 5000)), 400,
-                             "6000x5000 = 30,000,000 pixels, over limits.image_pixels=25,000,000"),
+    "over serve's pixel limit": (lambda: _images(header_only_png(4000, 3500)), 400,  # within predict's 25 MP
+                                 "4000x3500 = 14,000,000 pixels, over limits.image_pixels=12,000,000"),
     "decompression bomb": (lambda: _images(header_only_png(30000, 30000)), 400,
-                           "its header declares more than 50,000,000 pixels, over limits.image_pixels"),
+                           "its header declares more than 24,000,000 pixels, over limits.image_pixels"),
     "body over the limit": (lambda: _images(b"\x00" * 300_000), 413, "over the server's limit of 200,000 bytes"),
 }
 
@@ -119,3 +119,21 @@ def test_a_request_past_its_deadline_is_504_and_a_full_queue_503_with_retry_afte
         full = running.post(INFER, **request)  # the late one still holds the only place in the queue
         assert full.status_code == 503 and "queue is full" in full.json()["error"]
         assert full.headers["Retry-After"]
+
+
+def test_serve_lists_its_own_lower_limits_and_set_raises_one_keeping_the_others(capsys):
+    from triskele.eval.cli import main as eval_main
+    from triskele.eval.defaults import SERVE_LIMITS
+    from triskele.train.config import input_limits
+
+    helps = {}
+    for command in ("serve", "predict"):
+        with pytest.raises(SystemExit):
+            eval_main([command, "--help"])
+        helps[command] = " ".join(capsys.readouterr().out.split())
+    assert "limits.image_pixels (default 12,000,000)" in helps["serve"]
+    assert "limits.frame_pixels (default 2,073,600)" in helps["serve"]
+    assert "limits.video_frames (default 9,000)" in helps["serve"]
+    assert "limits.image_pixels (default 25,000,000)" in helps["predict"]
+    raised = input_limits(["limits.image_pixels=20000000"], SERVE_LIMITS)
+    assert (raised.image_pixels, raised.frame_pixels, raised.video_frames) == (20_000_000, 1920 * 1080, 9000)

@@ -584,19 +584,22 @@ def _check_limits(limits: InputLimits) -> None:
     _check_positive({f"limits.{field.name}": getattr(limits, field.name) for field in dataclasses.fields(limits)})
 
 
-def add_limits_flag(parser: argparse.ArgumentParser, keys: Iterable[str] | None = None) -> None:
+def add_limits_flag(parser: argparse.ArgumentParser, keys: Iterable[str] | None = None,
+                    defaults: Mapping[str, int] | None = None) -> None:
     """`--set limits.KEY=N` (repeatable) for a command that reads inputs outside a run (predict,
-    prepare), its help listing `keys` (default: all); `input_limits(args.set)` reads it."""
-    fields = {f.name: f.default for f in dataclasses.fields(InputLimits)}
+    prepare, serve), its help listing `keys` (default: all) with the command's `defaults` where it
+    has its own; `input_limits(args.set, defaults)` reads it."""
+    fields = {f.name: f.default for f in dataclasses.fields(InputLimits)} | dict(defaults or {})
     listed = ", ".join(f"limits.{key} (default {fields[key]:,})" for key in (keys or fields))
     parser.add_argument("--set", action="append", default=[], metavar="limits.KEY=N",
                         help=f"an input limit, checked from each input's header before decoding: {listed}")
 
 
-def input_limits(overrides: Iterable[str] = ()) -> InputLimits:
-    """The input limits with `limits.KEY=VALUE` overrides (predict's and prepare's `--set`), checked
-    as a run's config is; a key outside `limits.` is refused."""
-    limits = InputLimits()
+def input_limits(overrides: Iterable[str] = (), defaults: Mapping[str, int] | None = None) -> InputLimits:
+    """The input limits (a command's own `defaults` over InputLimits') with `limits.KEY=VALUE`
+    overrides (predict's, prepare's and serve's `--set`), checked as a run's config is; a key
+    outside `limits.` is refused."""
+    limits = InputLimits(**(defaults or {}))
     for key, value in map(parse_override, overrides):
         section, _, field = key.partition(".")
         if section != "limits" or not field:

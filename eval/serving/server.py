@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 import uvicorn
-from triskele.eval.defaults import ServeOptions
+from triskele.eval.defaults import SERVE_LIMITS, ServeOptions
 from triskele.eval.serving.app import ServeState, build_app, triton_config
 from triskele.eval.serving.batcher import Batcher, compiled_sizes
 from triskele.eval.serving.inputs import Decoder
 from triskele.eval.serving.metrics import ServeMetrics
-from triskele.train.config import InputLimits
+from triskele.train.config import InputLimits, input_limits
 
 LOG = logging.getLogger("triskele.serve")
 
@@ -85,9 +85,13 @@ class DrainingServer(uvicorn.Server):
 
 def serving_state(workdir: str | Path | None, exported: str | Path | None, mesh: str | None, step: int | None,
                   options: ServeOptions, limits: InputLimits | None) -> tuple[ServeState, dict[int, Any]]:
-    """The models (compiled, not warmed yet) and the routes' shared state."""
+    """The models (compiled, not warmed yet) and the routes' shared state; `limits` default to
+    serve's own (`SERVE_LIMITS`)."""
     from triskele.eval.evaluate import _predict_io
     from triskele.eval.exported import record_shape
+
+    if limits is None:
+        limits = input_limits((), SERVE_LIMITS)
 
     models = compiled_models(workdir, exported, mesh, step, options.max_batch)
     model = models[min(models)]
