@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -122,6 +124,33 @@ def fake_serving(sizes=(1, 2, 4), record=(2,), reader=None, **options) -> Iterat
             yield running
         finally:
             gate.set()  # the device thread's last batches go before it stops
+
+
+FAKE_INFER = "/v2/models/fake/infer"
+
+
+def records_request(records: np.ndarray, binary_output: bool = False) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of an infer request sending `records` as binary FP32 data."""
+    raw = np.ascontiguousarray(records, "<f4").tobytes()
+    header = json.dumps({"inputs": [{"name": "input", "shape": list(records.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(raw)}}],
+                         "parameters": {"binary_data_output": binary_output}}).encode()
+    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def wait_for(condition, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def images_request(*items: bytes, shape: list[int] | None = None) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of an infer request sending `items` as a binary BYTES `image` input of `shape`."""
+    data = b"".join(struct.pack("<I", len(item)) + item for item in items)
+    header = json.dumps({"inputs": [{"name": "image", "shape": shape or [len(items)], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(data)}}]}).encode()
+    return header + data, {"Inference-Header-Content-Length": str(len(header))}
 
 
 def png(array: np.ndarray) -> bytes:

@@ -7,33 +7,13 @@ import http.client
 import json
 import signal
 import socket
-import struct
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from serveutil import fake_serving
+from serveutil import FAKE_INFER, fake_serving, images_request, records_request, wait_for
 
 pytestmark = pytest.mark.xdist_group("serve")
-
-INFER = "/v2/models/fake/infer"
-
-
-def records_request(records: np.ndarray, binary_output: bool = False) -> tuple[bytes, dict[str, str]]:
-    """(body, headers) of an infer request sending `records` as binary FP32 data."""
-    raw = np.ascontiguousarray(records, "<f4").tobytes()
-    header = json.dumps({"inputs": [{"name": "input", "shape": list(records.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": len(raw)}}],
-                         "parameters": {"binary_data_output": binary_output}}).encode()
-    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
-
-
-def wait_for(condition, what: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.01)
 
 
 def connection(url: str, receive_buffer: int | None = None) -> http.client.HTTPConnection:
@@ -56,10 +36,10 @@ def test_an_infer_request_over_max_in_flight_is_refused_before_its_body_is_read(
     body, headers = records_request(np.ones((1, 2), np.float32))
     with fake_serving(max_in_flight=1) as server, ThreadPoolExecutor(1) as pool:
         server.gate.clear()
-        held = pool.submit(server.post, INFER, data=body, headers=headers)
+        held = pool.submit(server.post, FAKE_INFER, data=body, headers=headers)
         wait_for(lambda: server.state.in_flight == 1, "the first request to arrive")
         upload = connection(server.url)
-        upload.putrequest("POST", INFER)
+        upload.putrequest("POST", FAKE_INFER)
         upload.putheader("Content-Length", str(60 << 20))
         upload.endheaders()
         refused = upload.getresponse()
@@ -67,7 +47,7 @@ def test_an_infer_request_over_max_in_flight_is_refused_before_its_body_is_read(
         assert "--max-in-flight" in json.loads(refused.read())["error"]
         server.gate.set()
         assert held.result(60).status_code == 200
-        assert server.post(INFER, data=body, headers=headers).status_code == 200
+        assert server.post(FAKE_INFER, data=body, headers=headers).status_code == 200
 
 
 def test_a_request_is_in_flight_until_its_response_is_sent_and_the_drain_waits_for_it():
@@ -78,7 +58,7 @@ def test_a_request_is_in_flight_until_its_response_is_sent_and_the_drain_waits_f
     body, headers = records_request(records, binary_output=True)
     with fake_serving(sizes=(32,), record=(16384,)) as server:
         client = connection(server.url, receive_buffer=16384)
-        client.request("POST", INFER, body, headers)
+        client.request("POST", FAKE_INFER, body, headers)
         answer = client.getresponse()
         assert answer.status == 200
         assert server.state.in_flight == 1
@@ -91,14 +71,6 @@ def test_a_request_is_in_flight_until_its_response_is_sent_and_the_drain_waits_f
     np.testing.assert_array_equal(got, records * 2)
 
 
-def images_request(*items: bytes, shape: list[int] | None = None) -> tuple[bytes, dict[str, str]]:
-    """(body, headers) of an infer request sending `items` as a binary BYTES `image` input of `shape`."""
-    data = b"".join(struct.pack("<I", len(item)) + item for item in items)
-    header = json.dumps({"inputs": [{"name": "image", "shape": shape or [len(items)], "datatype": "BYTES",
-                                     "parameters": {"binary_data_size": len(data)}}]}).encode()
-    return header + data, {"Inference-Header-Content-Length": str(len(header))}
-
-
 def test_images_over_max_images_and_records_over_max_records_are_413_naming_the_flag():
     """CountingIO reads "N" as N records and refuses "x": 3 unreadable images over --max-images 2
     are refused from the shape (413, not the 400 of reading them); a BYTES tensor holding more
@@ -107,7 +79,7 @@ def test_images_over_max_images_and_records_over_max_records_are_413_naming_the_
     with fake_serving(max_images=2, max_records=5) as server:
         def post(request):
             body, headers = request
-            answer = server.post(INFER, data=body, headers=headers)
+            answer = server.post(FAKE_INFER, data=body, headers=headers)
             return answer.status_code, answer.json()
 
         status, answer = post(images_request(b"x", b"x", b"x"))

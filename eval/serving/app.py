@@ -13,7 +13,9 @@ import dataclasses
 import hmac
 import json
 import logging
+import re
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -64,9 +66,21 @@ def _route_kind(path: str) -> str:
     return "health" if path.startswith("/v2/health") else "metrics" if path == "/metrics" else "model"
 
 
+REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+"""A request's own `id` that names it in the X-Request-Id header and the log (visible ASCII, short);
+another one is answered in the body as it came, and the request is named by a generated id."""
+
+
+def name_request(request: Request, request_id: str | None) -> None:
+    """Names the request by its own `id` from now on (the access log, X-Request-Id), where it can."""
+    if request_id is not None and REQUEST_ID.fullmatch(request_id):
+        request.state.request_id = request_id
+
+
 class AccessLog:
-    """ASGI middleware: one JSON line per request on the `triskele.serve.access` logger, the
-    status-code counter, and the latency of infer requests."""
+    """ASGI middleware: every request named (a generated id, or its own `id` once read:
+    `name_request`) in its X-Request-Id header and in one JSON line on the `triskele.serve.access`
+    logger; the status-code counter, and the latency of infer requests."""
 
     def __init__(self, app: Any, metrics: ServeMetrics):
         self.app, self.metrics = app, metrics
@@ -75,10 +89,14 @@ class AccessLog:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started, status = time.perf_counter(), [500]
+        named = scope.setdefault("state", {})
+        named["request_id"] = uuid.uuid4().hex
 
         async def sending(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-request-id", named["request_id"].encode())]}
             await send(message)
 
         try:
@@ -90,9 +108,9 @@ class AccessLog:
             if kind == "infer":
                 self.metrics.latency.observe(seconds)
             client = scope.get("client") or ("", 0)
-            ACCESS_LOG.info(json.dumps({"time": round(time.time(), 3), "client": client[0],
-                                        "method": scope["method"], "path": scope["path"], "status": status[0],
-                                        "ms": round(1000 * seconds, 2)}))
+            ACCESS_LOG.info(json.dumps({"time": round(time.time(), 3), "id": named["request_id"],
+                                        "client": client[0], "method": scope["method"], "path": scope["path"],
+                                        "status": status[0], "ms": round(1000 * seconds, 2)}))
 
 
 class Admission:
@@ -162,9 +180,10 @@ def build_app(state: ServeState) -> Starlette:
                 return await handler(request)
             except RequestError as err:
                 return _error(err)
-            except Exception as err:  # noqa: BLE001 - a bug answers 500 and the server goes on
-                logging.getLogger("triskele.serve").exception("request failed")
-                return JSONResponse({"error": f"internal error: {type(err).__name__}: {err}"}, 500)
+            except Exception:  # noqa: BLE001 - a bug answers 500 and the server goes on
+                request_id = request.state.request_id
+                logging.getLogger("triskele.serve").exception("request %s failed", request_id)
+                return JSONResponse({"error": f"internal error (request id {request_id})"}, 500)
         return route
 
     async def server_metadata(request: Request) -> Response:
@@ -235,11 +254,10 @@ def build_app(state: ServeState) -> Starlette:
         body = await body_of(request)
         loop = asyncio.get_running_loop()
 
-        def decode():
-            parsed = parse_infer(body, request.headers.get(HEADER_LENGTH), state.options.max_images)
-            return parsed, state.decoder.decode(parsed.inputs)
-
-        parsed, decoded = await loop.run_in_executor(state.pool, decode)
+        parsed = await loop.run_in_executor(state.pool, parse_infer, body, request.headers.get(HEADER_LENGTH),
+                                            state.options.max_images)
+        name_request(request, parsed.id)
+        decoded = await loop.run_in_executor(state.pool, state.decoder.decode, parsed.inputs)
         outputs = await _run(decoded.records, deadline) if len(decoded.records) else {}
 
         def encode():

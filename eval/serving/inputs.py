@@ -10,6 +10,7 @@ handed to the reader after the image, in that order."""
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,19 @@ from triskele.eval.serving.protocol import RequestError, bad
 
 IMAGE_INPUT = "image"
 RECORDS_INPUT = "input"
+
+
+READ_ERRORS = (ValueError, TypeError, struct.error, OverflowError, RecursionError)
+"""What reading malformed bytes raises (the readers' own refusals are ValueErrors naming the file;
+the others come from the parsers under them): a 400 naming the input, never a 500."""
+
+
+def _unreadable(err: Exception, names: list[str]) -> str:
+    """The reason for a 400: a reader's own refusal as it is (it names the file), else the input
+    named with what its parser raised."""
+    if isinstance(err, ValueError) and any(name in str(err) for name in names):
+        return str(err)
+    return f"cannot read {names[0]}: {type(err).__name__}: {str(err)[:200]}"
 
 
 @dataclasses.dataclass
@@ -81,8 +95,8 @@ class Decoder:
             beside = tuple(EncodedImage(files[i], f"{extra}[{i}]") for extra, files in extras.items() if len(files[i]))
             try:
                 records, context = self.io.read(Unit(name, (EncodedImage(data, name), *beside)))
-            except ValueError as err:
-                raise bad(str(err)) from None
+            except READ_ERRORS as err:
+                raise bad(_unreadable(err, [name, *map(str, beside)])) from None
             total += len(records)
             self._check_records(total, f"images {IMAGE_INPUT}[0] to {name}")
             parts.append(np.asarray(records, np.float32))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import reprlib
 import struct
 from typing import Any
 
@@ -57,17 +59,37 @@ def _json_object(text: bytes) -> dict[str, Any]:
         request = json.loads(text)
     except (UnicodeDecodeError, ValueError) as err:
         raise bad(f"the request is not valid JSON: {err}") from None
+    except RecursionError:
+        raise bad("the request's JSON is nested too deeply") from None
     if not isinstance(request, dict):
         raise bad(f"the request must be a JSON object, got {type(request).__name__}")
     return request
 
 
-def _shape(spec: dict[str, Any], name: str) -> list[int]:
+def _shape(spec: dict[str, Any], name: str, room: int) -> tuple[list[int], int]:
+    """(shape, its element count); a shape of more elements, or a dimension longer, than `room` (the
+    body's bytes: every element takes one at least) is refused before anything is allocated."""
     shape = spec.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
-        raise bad(f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
-    return shape
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise bad(f"input {name!r}: shape must be a list of non-negative integers, got {reprlib.repr(shape)}")
+    count = math.prod(shape)
+    if count > room or any(d > room for d in shape):
+        raise bad(f"input {name!r}: shape {reprlib.repr(shape)} is more than a request of {room:,} bytes can hold")
+    return shape, count
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _parameters(holder: dict[str, Any], where: str) -> dict[str, Any]:
+    """`holder`'s `parameters` (an object; absent or null: none)."""
+    parameters = holder.get("parameters")
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise bad(f"{where}: 'parameters' must be an object, got {type(parameters).__name__}")
+    return parameters
 
 
 def split_bytes(data: bytes, name: str, count: int) -> list[bytes]:
@@ -86,24 +108,26 @@ def split_bytes(data: bytes, name: str, count: int) -> list[bytes]:
     return items
 
 
-def _tensor(spec: Any, binary: memoryview, offset: int, max_bytes_elements: int) -> tuple[str, np.ndarray, int]:
-    """(name, array, offset after its binary data) of one request input; a BYTES input of more than
-    `max_bytes_elements` elements is refused from its shape, before its data are looked at."""
+def _tensor(spec: Any, binary: memoryview, offset: int, room: int,
+            max_bytes_elements: int) -> tuple[str, np.ndarray, int]:
+    """(name, array, offset after its binary data) of one request input (`room`: the body's bytes);
+    a BYTES input of more than `max_bytes_elements` elements is refused from its shape, before its
+    data are looked at."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise bad(f"each input must be an object with a name, got {str(spec)[:80]!r}")
+        raise bad(f"each input must be an object with a name, got {type(spec).__name__}")
     name = spec["name"]
-    shape, datatype = _shape(spec, name), spec.get("datatype")
+    datatype = spec.get("datatype")
     if datatype not in DATATYPES:
-        raise bad(f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
-    count = int(np.prod(shape))
+        raise bad(f"input {name!r}: datatype {reprlib.repr(datatype)} is not one of {', '.join(DATATYPES)}")
+    shape, count = _shape(spec, name, room)
     if datatype == "BYTES" and count > max_bytes_elements:
         raise RequestError(413, f"input {name!r}: shape {shape} holds {count:,} BYTES elements, over this server's "
                            f"limit of {max_bytes_elements:,} a request (--max-images); send them in several requests")
-    size = (spec.get("parameters") or {}).get("binary_data_size")
+    size = _parameters(spec, f"input {name!r}").get("binary_data_size")
     if size is not None:
-        if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-            raise bad(f"input {name!r}: binary_data_size {size!r} runs past the {len(binary) - offset} bytes of "
-                      "binary data left")
+        if not _is_count(size) or offset + size > len(binary):
+            raise bad(f"input {name!r}: binary_data_size {reprlib.repr(size)} runs past the {len(binary) - offset} "
+                      "bytes of binary data left")
         raw = bytes(binary[offset:offset + size])
         offset += size
         if datatype == "BYTES":
@@ -115,7 +139,7 @@ def _tensor(spec: Any, binary: memoryview, offset: int, max_bytes_elements: int)
                           f"{count * itemsize}")
             return name, np.frombuffer(raw, DATATYPES[datatype]).reshape(shape), offset
     elif "data" in spec:
-        items = np.asarray(spec["data"], dtype=object).ravel().tolist()
+        items = _values(spec["data"], name)
         if datatype == "BYTES":
             if not all(isinstance(item, str) for item in items):
                 raise bad(f"input {name!r}: BYTES data in JSON must be strings")
@@ -137,6 +161,16 @@ def _tensor(spec: Any, binary: memoryview, offset: int, max_bytes_elements: int)
     return name, array.reshape(shape), offset
 
 
+def _values(data: Any, name: str) -> list[Any]:
+    """The values of a tensor's JSON `data` (a list, nested or flat), in order."""
+    if not isinstance(data, list):
+        raise bad(f"input {name!r}: 'data' must be a list of values, got {type(data).__name__}")
+    try:
+        return np.asarray(data, dtype=object).ravel().tolist()
+    except (ValueError, TypeError, RecursionError):
+        raise bad(f"input {name!r}: 'data' is not a list of values nested as a tensor is") from None
+
+
 def parse_infer(body: bytes, header_length: str | None, max_bytes_elements: int) -> InferRequest:
     """An infer request from its body and its `Inference-Header-Content-Length` header (None: all
     JSON); a BYTES input (images, one file each) holds at most `max_bytes_elements` elements."""
@@ -148,7 +182,7 @@ def parse_infer(body: bytes, header_length: str | None, max_bytes_elements: int)
         raise bad("the request has no inputs (a list of tensors under 'inputs')")
     inputs, offset = {}, 0
     for spec in specs:
-        name, array, offset = _tensor(spec, binary, offset, max_bytes_elements)
+        name, array, offset = _tensor(spec, binary, offset, len(body), max_bytes_elements)
         if name in inputs:
             raise bad(f"input {name!r} is given twice")
         inputs[name] = array
@@ -158,11 +192,14 @@ def parse_infer(body: bytes, header_length: str | None, max_bytes_elements: int)
     if wanted is not None and (not isinstance(wanted, list) or
                                not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted)):
         raise bad("'outputs' must be a list of objects with a name")
-    parameters = request.get("parameters") or {}
-    return InferRequest(id=str(request["id"]) if "id" in request else None, inputs=inputs,
+    request_id = request.get("id")
+    if not isinstance(request_id, str | int | None) or isinstance(request_id, bool):
+        raise bad(f"the request's id must be a string, got {type(request_id).__name__}")
+    return InferRequest(id=None if request_id is None else str(request_id), inputs=inputs,
                         outputs=None if wanted is None else [o["name"] for o in wanted],
-                        binary={o["name"]: bool((o.get("parameters") or {}).get("binary_data")) for o in wanted or []},
-                        binary_default=bool(parameters.get("binary_data_output")))
+                        binary={o["name"]: bool(_parameters(o, f"output {o['name']!r}").get("binary_data"))
+                                for o in wanted or []},
+                        binary_default=bool(_parameters(request, "the request").get("binary_data_output")))
 
 
 def datatype_of(array: np.ndarray) -> str:
