@@ -212,6 +212,14 @@ def _bytes_items(array: np.ndarray) -> list[bytes]:
     return [item if isinstance(item, bytes) else str(item).encode() for item in array.ravel()]
 
 
+def _json_values(array: np.ndarray) -> list[Any]:
+    """`array`'s values, flat, as JSON can hold them: NaN and infinities (no JSON number) are null."""
+    values = array.ravel().tolist()
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        return [value if math.isfinite(value) else None for value in values]
+    return values
+
+
 def encode_response(model: str, request: InferRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
     """(body, JSON header length when binary data follow it, else None) of an infer response."""
     unknown = [name for name in request.outputs or [] if name not in outputs]
@@ -228,12 +236,12 @@ def encode_response(model: str, request: InferRequest, outputs: dict[str, np.nda
             chunks.append(raw)
         else:
             tensor["data"] = ([item.decode(errors="replace") for item in _bytes_items(array)]
-                              if array.dtype == object else array.ravel().tolist())
+                              if array.dtype == object else _json_values(array))
         tensors.append(tensor)
     response = {"model_name": model, "model_version": "1", "outputs": tensors}
     if request.id is not None:
         response["id"] = request.id
-    header = json.dumps(response).encode()
+    header = json.dumps(response, allow_nan=False).encode()
     return header + b"".join(chunks), len(header) if chunks else None
 
 
