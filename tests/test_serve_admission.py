@@ -1,17 +1,20 @@
 """What an infer request may hold, on a server of models without JAX (`fake_serving`): a request over
 `--max-in-flight` is refused before its body is read, and a request counts as in flight (the drain
 waits for it) until its response's last byte is sent; images over `--max-images` and records over
-`--max-records` are refused naming the flag."""
+`--max-records` are refused naming the flag; the deadline bounds the upload and the decoding too."""
 
 import http.client
 import json
 import signal
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from serveutil import FAKE_INFER, fake_serving, images_request, records_request, wait_for
+from serveutil import FAKE_INFER, CountingIO, fake_serving, images_request, records_request, wait_for
+from triskele.eval.engine import Unit
+from triskele.train.data.images import EncodedImage
 
 pytestmark = pytest.mark.xdist_group("serve")
 
@@ -92,3 +95,41 @@ def test_images_over_max_images_and_records_over_max_records_are_413_naming_the_
         assert status == 413 and "make 6 records" in answer["error"] and "--max-records" in answer["error"]
         status, answer = post(images_request(b"3", b"2"))
         assert status == 200 and answer["outputs"][0]["data"] == [12.0, 8.0]
+
+
+class Held(CountingIO):
+    """CountingIO that lists the images it reads and holds one of b"slow" (read as one record)
+    until `release` is set."""
+
+    def __init__(self):
+        super().__init__((2,))
+        self.reads, self.release = [], threading.Event()
+
+    def read(self, unit):
+        data = unit.paths[0].data
+        self.reads.append(data)
+        if data == b"slow":
+            self.release.wait(60)
+            data = b"1"
+        return super().read(Unit(unit.key, (EncodedImage(data, unit.key),)))
+
+
+def test_the_deadline_bounds_a_slow_upload_and_a_slow_decode():
+    """--timeout-seconds 1: a client that sends 10 bytes of a declared 1,000 is answered 504 (not
+    waited for); a request whose first image takes longer to read is answered 504 while it is read,
+    and its second image is never read (one decoding thread: the next request's image comes next)."""
+    reader = Held()
+    with fake_serving(reader=reader, timeout_seconds=1, threads=1) as server:
+        upload = connection(server.url)
+        upload.putrequest("POST", FAKE_INFER)
+        upload.putheader("Content-Length", "1000")
+        upload.endheaders(b"{" * 10)
+        late = upload.getresponse()
+        assert late.status == 504 and "while its body was read" in json.loads(late.read())["error"]
+        body, headers = images_request(b"slow", b"2")
+        slow = server.post(FAKE_INFER, data=body, headers=headers)
+        assert slow.status_code == 504 and "while its inputs were decoded" in slow.json()["error"]
+        reader.release.set()
+        body, headers = images_request(b"1")
+        assert server.post(FAKE_INFER, data=body, headers=headers).status_code == 200
+    assert reader.reads == [b"slow", b"1"]

@@ -239,25 +239,34 @@ def build_app(state: ServeState) -> Starlette:
             raise refusal
         return await _infer(request)
 
+    async def within(step: Any, deadline: float, what: str) -> Any:
+        """`step`'s result (an awaitable), or a 504 once the request's deadline has passed during it."""
+        try:
+            return await asyncio.wait_for(step, max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            raise RequestError(504, f"no answer within the request deadline of {state.options.timeout_seconds:g} s "
+                               f"(--timeout-seconds): it passed while {what}") from None
+
     async def _run(records: np.ndarray, deadline: float) -> dict[str, np.ndarray]:
         """The model's rows for `records` (n >= 1) through the batcher, within the deadline."""
         job = state.batcher.submit(records, deadline)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(job.future), max(deadline - time.monotonic(), 0))
-        except TimeoutError:
-            job.abandoned = True
-            raise RequestError(504, f"no answer within the request deadline of {state.options.timeout_seconds:g} s "
-                               "(--timeout-seconds)") from None
+            return await within(asyncio.wrap_future(job.future), deadline, "the model's answer was awaited")
+        except RequestError:
+            job.abandoned = True  # the batcher drops it if it has not started
+            raise
 
     async def _infer(request: Request) -> Response:
+        """One infer request: its deadline, from its arrival, bounds reading its body and decoding it
+        as well as the model, so that a slow upload or a slow decode cannot hold its place forever."""
         deadline = time.monotonic() + state.options.timeout_seconds
-        body = await body_of(request)
+        body = await within(body_of(request), deadline, "its body was read")
         loop = asyncio.get_running_loop()
-
-        parsed = await loop.run_in_executor(state.pool, parse_infer, body, request.headers.get(HEADER_LENGTH),
-                                            state.options.max_images)
+        parsed = await within(loop.run_in_executor(state.pool, parse_infer, body, request.headers.get(HEADER_LENGTH),
+                                                   state.options.max_images), deadline, "it was parsed")
         name_request(request, parsed.id)
-        decoded = await loop.run_in_executor(state.pool, state.decoder.decode, parsed.inputs)
+        decoded = await within(loop.run_in_executor(state.pool, state.decoder.decode, parsed.inputs, deadline),
+                               deadline, "its inputs were decoded")
         outputs = await _run(decoded.records, deadline) if len(decoded.records) else {}
 
         def encode():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import time
 from typing import Any
 
 import numpy as np
@@ -60,8 +61,10 @@ class Decoder:
                             for name, (datatype, shape) in self.outputs.items()]
                 + [{"name": name, "datatype": "FP32", "shape": [-1, *shape]} for name, shape in raw_outputs.items()]}
 
-    def decode(self, inputs: dict[str, np.ndarray]) -> Decoded:
-        """The request's records; a RequestError (400) naming what is wrong with its tensors or images."""
+    def decode(self, inputs: dict[str, np.ndarray], deadline: float) -> Decoded:
+        """The request's records; a RequestError (400) naming what is wrong with its tensors or images,
+        a 504 when the deadline (time.monotonic()) passes before its next image is read (its handler
+        has answered 504 already: no more of its images are read)."""
         from triskele.eval.engine import Unit
         from triskele.train.data.images import EncodedImage
 
@@ -92,6 +95,8 @@ class Decoder:
         parts, contexts, total = [], [], 0
         for i, data in enumerate(images.ravel()):
             name = f"{IMAGE_INPUT}[{i}]"
+            if time.monotonic() > deadline:
+                raise RequestError(504, f"the request's deadline passed before {name} was read (--timeout-seconds)")
             beside = tuple(EncodedImage(files[i], f"{extra}[{i}]") for extra, files in extras.items() if len(files[i]))
             try:
                 records, context = self.io.read(Unit(name, (EncodedImage(data, name), *beside)))
