@@ -32,11 +32,11 @@ class Running:
     server: DrainingServer
     gate: threading.Event | None = None
 
-    def get(self, path: str, **kwargs) -> requests.Response:
-        return requests.get(f"http://{self.url}{path}", timeout=60, **kwargs)
+    def get(self, path: str, timeout: float = 60, **kwargs) -> requests.Response:
+        return requests.get(f"http://{self.url}{path}", timeout=timeout, **kwargs)
 
-    def post(self, path: str, **kwargs) -> requests.Response:
-        return requests.post(f"http://{self.url}{path}", timeout=60, **kwargs)
+    def post(self, path: str, timeout: float = 60, **kwargs) -> requests.Response:
+        return requests.post(f"http://{self.url}{path}", timeout=timeout, **kwargs)
 
     def metric(self, name: str) -> float:
         """A sample's value from /metrics (name with its labels, as the text format writes it)."""
@@ -72,7 +72,7 @@ def _running(state, models) -> Iterator[Running]:
         server.should_exit = True
         thread.join(60)
         state.batcher.stop()
-        state.pool.shutdown()
+        state.close_pools()
 
 
 class Doubling:

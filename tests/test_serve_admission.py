@@ -133,3 +133,22 @@ def test_the_deadline_bounds_a_slow_upload_and_a_slow_decode():
         body, headers = images_request(b"1")
         assert server.post(FAKE_INFER, data=body, headers=headers).status_code == 200
     assert reader.reads == [b"slow", b"1"]
+
+
+def test_an_answer_is_encoded_while_every_decoding_thread_is_busy():
+    """One decoding thread, held by an image that takes long to read: a request whose batch comes
+    back meanwhile is still answered (answers are encoded in threads of their own)."""
+    reader = Held()
+    body, headers = records_request(np.ones((1, 2), np.float32))
+    slow_body, slow_headers = images_request(b"slow")
+    with fake_serving(reader=reader, threads=1) as server, ThreadPoolExecutor(2) as pool:
+        server.gate.clear()
+        answered = pool.submit(server.post, FAKE_INFER, data=body, headers=headers, timeout=20)
+        wait_for(lambda: server.state.batcher.busy, "the first request's batch to reach the device")
+        slow = pool.submit(server.post, FAKE_INFER, data=slow_body, headers=slow_headers)
+        wait_for(lambda: reader.reads == [b"slow"], "the slow image to hold the decoding thread")
+        server.gate.set()
+        assert answered.result().status_code == 200
+        assert not slow.done()
+        reader.release.set()
+        assert slow.result().status_code == 200

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import hmac
 import json
 import logging
@@ -30,6 +31,7 @@ from triskele.eval.serving.metrics import CONTENT_TYPE, ServeMetrics
 from triskele.eval.serving.protocol import HEADER_LENGTH, RequestError, encode_response, parse_infer
 
 ACCESS_LOG = logging.getLogger("triskele.serve.access")
+ENCODE_THREADS = 2
 
 
 @dataclasses.dataclass
@@ -40,7 +42,8 @@ class ServeState:
     decoder: Decoder
     batcher: Batcher
     metrics: ServeMetrics
-    pool: concurrent.futures.Executor
+    decode_pool: concurrent.futures.Executor
+    """Parsing and decoding requests (`--threads`)."""
     config: dict[str, Any]
     """The Triton-style model configuration (`/config`)."""
     metadata: dict[str, Any]
@@ -48,8 +51,17 @@ class ServeState:
     token: str | None = None
     ready: bool = False
     draining: bool = False
+    encode_pool: concurrent.futures.Executor = dataclasses.field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(ENCODE_THREADS, "triskele-encode"))
+    """Encoding answers, apart from decoding: a burst of large uploads does not hold answers back."""
     in_flight: int = 0
     """Infer requests arrived whose response is not sent yet (`Admission`; the drain waits for them)."""
+
+
+    def close_pools(self) -> None:
+        """Ends the decoding and encoding threads once their current work is done; what is queued is dropped."""
+        for pool in (self.decode_pool, self.encode_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _error(err: RequestError) -> JSONResponse:
@@ -262,17 +274,17 @@ def build_app(state: ServeState) -> Starlette:
         deadline = time.monotonic() + state.options.timeout_seconds
         body = await within(body_of(request), deadline, "its body was read")
         loop = asyncio.get_running_loop()
-        parsed = await within(loop.run_in_executor(state.pool, parse_infer, body, request.headers.get(HEADER_LENGTH),
-                                                   state.options.max_images), deadline, "it was parsed")
+        parse = functools.partial(parse_infer, body, request.headers.get(HEADER_LENGTH), state.options.max_images)
+        parsed = await within(loop.run_in_executor(state.decode_pool, parse), deadline, "it was parsed")
         name_request(request, parsed.id)
-        decoded = await within(loop.run_in_executor(state.pool, state.decoder.decode, parsed.inputs, deadline),
+        decoded = await within(loop.run_in_executor(state.decode_pool, state.decoder.decode, parsed.inputs, deadline),
                                deadline, "its inputs were decoded")
         outputs = await _run(decoded.records, deadline) if len(decoded.records) else {}
 
         def encode():
             return encode_response(state.name, parsed, state.decoder.respond(decoded, outputs))
 
-        body, header_length = await loop.run_in_executor(state.pool, encode)
+        body, header_length = await loop.run_in_executor(state.encode_pool, encode)
         if header_length is None:
             return streamed(body, "application/json", {})
         return streamed(body, "application/octet-stream", {HEADER_LENGTH: str(header_length)})

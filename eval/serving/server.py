@@ -110,7 +110,8 @@ def state_of(models: dict[int, Any], decoder: Decoder, name: str, options: Serve
         if not token:
             raise ValueError(f"--token-file {options.token_file} is empty")
     batcher = Batcher(models, options.max_delay_ms / 1000, options.max_queue, metrics.observe)
-    return ServeState(name, decoder, batcher, metrics, concurrent.futures.ThreadPoolExecutor(options.threads),
+    return ServeState(name, decoder, batcher, metrics,
+                      concurrent.futures.ThreadPoolExecutor(options.threads, "triskele-decode"),
                       triton_config(name, sizes, decoder, options.max_delay_ms / 1000), decoder.metadata({}),
                       options, token)
 
@@ -172,5 +173,5 @@ def serve(workdir: str | Path | None, exported: str | Path | None = None, mesh: 
     finally:
         state.ready = False
         state.batcher.stop()
-        state.pool.shutdown(wait=False, cancel_futures=True)
+        state.close_pools()
     return {"model": state.name, "batch_sizes": sorted(models), "drained": server.drained}
