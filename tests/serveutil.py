@@ -93,6 +93,10 @@ class Doubling:
         return {"y": rows * 2}
 
 
+class Fatal(BaseException):
+    """What no `except Exception` catches: it ends the device thread."""
+
+
 class CountingIO:
     """A predict reader for tests: an image's bytes are a number in text, N, read as N records of
     ones (`record` shaped); its answer `total` is the sum of their outputs (2 x N x record size)."""
@@ -110,12 +114,13 @@ class CountingIO:
 
 
 @contextlib.contextmanager
-def fake_serving(sizes=(1, 2, 4), record=(2,), reader=None, **options) -> Iterator[Running]:
-    """A warmed server of `Doubling` models (model "fake", `record`-shaped records) reading images
-    with `reader` (default CountingIO) until the block ends; `running.gate` (set) holds batches while clear."""
+def fake_serving(sizes=(1, 2, 4), record=(2,), reader=None, model=None, **options) -> Iterator[Running]:
+    """A warmed server of `model` models (default Doubling; model "fake", `record`-shaped records)
+    reading images with `reader` (default CountingIO) until the block ends; `running.gate` (set)
+    holds batches while clear."""
     gate = threading.Event()
     gate.set()
-    models = {size: Doubling(size, gate=gate) for size in sizes}
+    models = {size: (model or Doubling)(size, gate=gate) for size in sizes}
     options = ServeOptions(port=free_port(), **options)
     state = state_of(models, Decoder(reader or CountingIO(record), record, options.max_records), "fake", options)
     with _running(state, models) as running:

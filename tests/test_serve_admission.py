@@ -1,7 +1,8 @@
 """What an infer request may hold, on a server of models without JAX (`fake_serving`): a request over
 `--max-in-flight` is refused before its body is read, and a request counts as in flight (the drain
 waits for it) until its response's last byte is sent; images over `--max-images` and records over
-`--max-records` are refused naming the flag; the deadline bounds the upload and the decoding too."""
+`--max-records` are refused naming the flag; the deadline bounds the upload and the decoding too;
+answers are encoded apart from decoding; a dead device thread fails its requests and health says so."""
 
 import http.client
 import json
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from serveutil import FAKE_INFER, CountingIO, fake_serving, images_request, records_request, wait_for
+from serveutil import FAKE_INFER, CountingIO, Doubling, Fatal, fake_serving, images_request, records_request, wait_for
 from triskele.eval.engine import Unit
 from triskele.train.data.images import EncodedImage
 
@@ -152,3 +153,25 @@ def test_an_answer_is_encoded_while_every_decoding_thread_is_busy():
         assert not slow.done()
         reader.release.set()
         assert slow.result().status_code == 200
+
+
+class DyingOnNegative(Doubling):
+    """Doubling, whose device thread dies on a batch holding a negative value (warm-up's zeros pass)."""
+
+    def dispatch(self, rows):
+        if (rows < 0).any():
+            raise Fatal("gone")
+        return super().dispatch(rows)
+
+
+def test_a_dead_device_thread_fails_its_requests_and_health_says_so():
+    body, headers = records_request(-np.ones((1, 2), np.float32))
+    with fake_serving(model=DyingOnNegative) as server:
+        assert server.get("/v2/health/live").status_code == 200
+        failed = server.post(FAKE_INFER, data=body, headers=headers)
+        assert failed.status_code == 503 and "device thread died (Fatal)" in failed.json()["error"]
+        for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/fake/ready"):
+            answer = server.get(path)
+            assert answer.status_code == 503 and "device thread died" in answer.json()["error"], path
+        good, headers = records_request(np.ones((1, 2), np.float32))
+        assert server.post(FAKE_INFER, data=good, headers=headers).status_code == 503

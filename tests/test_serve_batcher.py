@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from serveutil import Doubling
+from serveutil import Doubling, Fatal
 from triskele.eval.serving.batcher import Batcher, compiled_sizes
 from triskele.eval.serving.protocol import RequestError
 
@@ -178,3 +178,46 @@ def test_a_failed_dispatch_or_fetch_fails_only_its_own_requests():
             np.testing.assert_array_equal(jobs[2].future.result(30)["y"], good * 2)
         finally:
             batcher.stop()
+
+
+def test_a_batch_failing_in_padding_or_an_observer_fails_only_its_requests_and_the_thread_goes_on():
+    """Records of two shapes cannot be stacked into one batch; an observer raises on the batch of
+    3 rows: each fails its own requests, and the requests after them are answered."""
+    def observe(event, value):
+        if event == "batch" and value == 3:
+            raise RuntimeError("metrics broke")
+
+    batcher = Batcher({s: Doubling(s) for s in (1, 2, 4)}, 0.5, 100, observe)
+    ragged = [batcher.submit(np.ones((1, 2), np.float32), time.monotonic() + 60),
+              batcher.submit(np.ones((1, 3), np.float32), time.monotonic() + 60)]
+    batcher.start()
+    try:
+        for job in ragged:
+            with pytest.raises(RuntimeError, match="a batch of 2 failed: ValueError"):
+                job.future.result(30)
+        observed = batcher.submit(np.ones((3, 2), np.float32), time.monotonic() + 60)
+        with pytest.raises(RuntimeError, match="a batch of 4 failed: RuntimeError: metrics broke"):
+            observed.future.result(30)
+        after = batcher.submit(np.ones((2, 2), np.float32), time.monotonic() + 60)
+        np.testing.assert_array_equal(after.future.result(30)["y"], np.full((2, 2), 2))
+        assert batcher.failure is None
+    finally:
+        batcher.stop()
+
+
+def test_a_dead_device_thread_fails_every_request_it_holds_and_refuses_new_ones():
+    class Dying(Doubling):
+        def dispatch(self, rows):
+            raise Fatal("gone")
+
+    batcher = Batcher({1: Dying(1)}, 0.5, 100)
+    held = [batcher.submit(np.ones((1, 1), np.float32), time.monotonic() + 60) for _ in range(3)]
+    batcher.start()
+    for job in held:
+        with pytest.raises(RequestError, match="device thread died") as failed:
+            job.future.result(30)
+        assert failed.value.status == 503
+    assert batcher.failure == "Fatal" and batcher.idle()
+    with pytest.raises(RequestError, match="device thread died"):
+        batcher.submit(np.ones((1, 1), np.float32), time.monotonic() + 60)
+    batcher.stop()

@@ -202,10 +202,20 @@ def build_app(state: ServeState) -> Starlette:
         return JSONResponse({"name": "triskele", "version": "1", "extensions": ["binary_tensor_data",
                                                                                  "model_configuration"]})
 
+    def _liveness() -> RequestError | None:
+        if state.batcher.failure is not None:
+            return RequestError(503, f"the device thread died ({state.batcher.failure}): this server answers no "
+                                "more requests; restart it (its log has the traceback)")
+        return None
+
     async def live(request: Request) -> Response:
-        return JSONResponse({"live": True})
+        refusal = _liveness()
+        return _error(refusal) if refusal else JSONResponse({"live": True})
 
     def _readiness() -> RequestError | None:
+        refusal = _liveness()
+        if refusal:
+            return refusal
         if state.draining:
             return RequestError(503, "the server is draining (SIGTERM): it answers the requests it accepted, then "
                                 "exits", {"Retry-After": "1"})

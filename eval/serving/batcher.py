@@ -8,6 +8,10 @@ One batch stays in flight while the next is gathered, as predict does (`triskele
 a batch that is ready to go when the previous one is on the device is dispatched before the
 previous one's outputs are fetched; one that would still wait for company is not waited for
 with a batch in flight (that batch's requests are answered first).
+
+Whatever fails while a batch is made, run or split (the model, the padding, an observer) fails that
+batch's requests only, and the thread goes on; should the thread die all the same, every request
+it holds fails at once (503), `failure` says why and the server's health says so.
 numpy only: the models come in through `dispatch`/`fetch`."""
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +28,8 @@ from typing import Any
 import numpy as np
 from triskele.eval.serving.protocol import RequestError
 from triskele.mesh.chunks import Outputs, pad_rows
+
+LOG = logging.getLogger("triskele.serve")
 
 
 def compiled_sizes(max_batch: int, shards: int) -> list[int]:
@@ -43,9 +50,9 @@ def padded_size(rows: int, sizes: list[int]) -> int:
     return next(size for size in sizes if size >= rows)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Job:
-    """One request's records on their way through the batcher."""
+    """One request's records on their way through the batcher (equal only to itself)."""
 
     records: np.ndarray
     deadline: float
@@ -78,9 +85,13 @@ class Batcher:
         self.max_delay, self.max_queue, self.observe = max_delay, max_queue, observe
         self.queue: collections.deque[Job] = collections.deque()
         self.busy = False
+        self.failure: str | None = None
+        """Why the device thread died (None while it lives or after it stopped as asked)."""
+        self._open: set[Job] = set()
+        """Requests submitted and not answered yet (queued, or in a batch)."""
         self._condition = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="triskele-device", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="triskele-device", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -102,13 +113,35 @@ class Batcher:
         """Queues one request's records (n >= 1); a full queue is a 503 with Retry-After."""
         job = Job(np.asarray(records, np.float32), deadline)
         with self._condition:
+            if self.failure is not None:
+                raise self._died()
             if len(self.queue) >= self.max_queue:
                 raise RequestError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry "
                                    "shortly", {"Retry-After": "1"})
             self.queue.append(job)
+            self._open.add(job)
+            job.future.add_done_callback(lambda _: self._open.discard(job))
             self.observe("queue_depth", len(self.queue))
             self._condition.notify_all()
         return job
+
+    def _died(self) -> RequestError:
+        return RequestError(503, f"the server's device thread died ({self.failure}); it answers no more requests "
+                            "until it is restarted (its log has the traceback)")
+
+    def _run(self) -> None:
+        """The device thread: `_loop`, and should anything escape it, every request it holds failed."""
+        try:
+            self._loop()
+        except BaseException as err:  # noqa: BLE001 - a dead thread must not leave requests waiting
+            LOG.critical("the device thread died; failing every request it holds", exc_info=True)
+            with self._condition:
+                self.failure = type(err).__name__
+                self.queue.clear()
+                self.busy = False
+            for job in list(self._open):
+                if not job.future.done():
+                    job.future.set_exception(self._died())
 
     def _pending_rows(self) -> int:
         return sum(len(job.records) - job.taken for job in self.queue)
@@ -137,15 +170,12 @@ class Batcher:
         spans, room = [], largest
         while self.queue and room:
             job = self.queue[0]
-            if job.taken == 0:
-                self.observe("queue_wait", now - job.enqueued)
             take = min(room, len(job.records) - job.taken)
             spans.append((job, job.taken, job.taken + take))
             job.taken += take
             room -= take
             if job.taken == len(job.records):
                 self.queue.popleft()
-        self.observe("queue_depth", len(self.queue))
         return spans
 
     def _loop(self) -> None:
@@ -172,12 +202,17 @@ class Batcher:
 
     def _dispatch(self, spans: list[tuple[Job, int, int]]) -> Flight | None:
         """Starts the batch of `spans` on the device (None: it failed, and so did its requests)."""
-        rows = np.concatenate([job.records[start:stop] for job, start, stop in spans])
-        size = padded_size(len(rows), self.sizes)
-        self.observe("batch", len(rows))
-        self.observe("padded", size)
-        model = self.models[size]
+        size = padded_size(sum(stop - start for _, start, stop in spans), self.sizes)
         try:
+            now = time.monotonic()
+            for job, start, _ in spans:
+                if start == 0:
+                    self.observe("queue_wait", now - job.enqueued)
+            self.observe("queue_depth", len(self.queue))
+            rows = np.concatenate([job.records[start:stop] for job, start, stop in spans])
+            self.observe("batch", len(rows))
+            self.observe("padded", size)
+            model = self.models[size]
             return Flight(spans, size, model, model.dispatch(pad_rows(rows, size)))
         except Exception as err:  # noqa: BLE001 - one failed batch fails its requests, the server goes on
             _fail(spans, size, err)
@@ -189,13 +224,12 @@ class Batcher:
             return
         try:
             outputs = flight.model.fetch(flight.handle)
+            offset = 0
+            for job, start, stop in flight.spans:
+                job.add({key: np.asarray(value)[offset:offset + stop - start] for key, value in outputs.items()})
+                offset += stop - start
         except Exception as err:  # noqa: BLE001 - as in _dispatch
             _fail(flight.spans, flight.size, err)
-            return
-        offset = 0
-        for job, start, stop in flight.spans:
-            job.add({key: np.asarray(value)[offset:offset + stop - start] for key, value in outputs.items()})
-            offset += stop - start
 
 
 @dataclasses.dataclass
@@ -211,4 +245,4 @@ class Flight:
 def _fail(spans: list[tuple[Job, int, int]], size: int, err: Exception) -> None:
     for job, _, _ in spans:
         if not job.future.done():
-            job.future.set_exception(RuntimeError(f"the model failed on a batch of {size}: {err}"))
+            job.future.set_exception(RuntimeError(f"a batch of {size} failed: {type(err).__name__}: {err}"))
