@@ -121,10 +121,11 @@ def _serve(parser):
     add_limits_flag(parser, defaults=SERVE_LIMITS)
 
     def run(a):
-        from triskele.eval.serving.server import serve
+        from triskele.eval.serving.server import serve, serve_exit_code
 
         options = ServeOptions(**{field.name: getattr(a, field.name) for field in dataclasses.fields(ServeOptions)})
-        return serve(a.workdir, a.exported, a.mesh, a.step, options, input_limits(a.set, SERVE_LIMITS))
+        summary = serve(a.workdir, a.exported, a.mesh, a.step, options, input_limits(a.set, SERVE_LIMITS))
+        return summary, serve_exit_code(summary)
 
     return run
 

@@ -113,16 +113,22 @@ class CountingIO:
         return {"total": np.float32(outputs["y"].sum())}
 
 
-@contextlib.contextmanager
-def fake_serving(sizes=(1, 2, 4), record=(2,), reader=None, model=None, **options) -> Iterator[Running]:
-    """A warmed server of `model` models (default Doubling; model "fake", `record`-shaped records)
-    reading images with `reader` (default CountingIO) until the block ends; `running.gate` (set)
-    holds batches while clear."""
+def fake_state(options: ServeOptions, sizes=(1, 2, 4), record=(2,), reader=None,
+               model=None) -> tuple[object, dict, threading.Event]:
+    """(state, models, gate) of a server of `model` models (default Doubling; model "fake",
+    `record`-shaped records) reading images with `reader` (default CountingIO); the gate (set)
+    holds batches on the device while clear."""
     gate = threading.Event()
     gate.set()
     models = {size: (model or Doubling)(size, gate=gate) for size in sizes}
-    options = ServeOptions(port=free_port(), **options)
     state = state_of(models, Decoder(reader or CountingIO(record), record, options.max_records), "fake", options)
+    return state, models, gate
+
+
+@contextlib.contextmanager
+def fake_serving(sizes=(1, 2, 4), record=(2,), reader=None, model=None, **options) -> Iterator[Running]:
+    """A warmed server of `fake_state` until the block ends; `running.gate` is its gate."""
+    state, models, gate = fake_state(ServeOptions(port=free_port(), **options), sizes, record, reader, model)
     with _running(state, models) as running:
         running.gate = gate
         try:

@@ -2,11 +2,12 @@
 requests split, every request its own rows, deadlines and a bounded queue. No JAX."""
 
 import concurrent.futures
+import threading
 import time
 
 import numpy as np
 import pytest
-from serveutil import Doubling, Fatal
+from serveutil import Doubling, Fatal, wait_for
 from triskele.eval.serving.batcher import Batcher, compiled_sizes
 from triskele.eval.serving.protocol import RequestError
 
@@ -221,3 +222,24 @@ def test_a_dead_device_thread_fails_every_request_it_holds_and_refuses_new_ones(
     with pytest.raises(RequestError, match="device thread died"):
         batcher.submit(np.ones((1, 1), np.float32), time.monotonic() + 60)
     batcher.stop()
+
+
+def test_stop_is_bounded_when_the_device_hangs_and_answers_the_requests_it_holds():
+    gate = threading.Event()
+    batcher = Batcher({1: Doubling(1, gate=gate)}, 0.0, 100)
+    jobs = [batcher.submit(np.ones((1, 1), np.float32), time.monotonic() + 60) for _ in range(2)]
+    batcher.start()
+    wait_for(lambda: batcher.busy, "the first batch to reach the device")
+    stopped = []
+    stopping = threading.Thread(target=lambda: stopped.append(batcher.stop(0.2)))
+    stopping.start()
+    stopping.join(30)
+    try:
+        assert not stopping.is_alive() and stopped == [False]
+        for job in jobs:  # the one on the device and the one still queued
+            with pytest.raises(RequestError, match="stopped before this request was answered") as failed:
+                job.future.result(30)
+            assert failed.value.status == 503
+    finally:
+        gate.set()
+    assert batcher.stop(30) is True

@@ -75,7 +75,7 @@ class Job:
 
 class Batcher:
     """`submit(records, deadline)` queues a request and returns its Future; `start()` runs the
-    device thread, `stop()` ends it once the queue is empty. `models[size]` runs batches of `size`
+    device thread, `stop(timeout)` ends it once the queue is empty. `models[size]` runs batches of `size`
     rows; `observe(event, value)` hears 'queue_wait' (seconds), 'batch' (real rows) with 'padded'
     (compiled size) and 'queue_depth' (requests waiting)."""
 
@@ -96,13 +96,22 @@ class Batcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> bool:
+        """Ends the device thread once the queue is empty, waiting `timeout` seconds at most (None:
+        as long as it takes); whether it ended. A thread still busy then (a device that hangs) is
+        left behind, and every request it holds is answered 503."""
         if self._thread.ident is None:  # never started
-            return
+            return True
         with self._condition:
             self._stopping = True
             self._condition.notify_all()
-        self._thread.join()
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            return True
+        LOG.error("the device thread did not end within %g s; answering the %d requests it holds", timeout,
+                  len(self._open))
+        self._fail_open(RequestError(503, "the server stopped before this request was answered"))
+        return False
 
     def idle(self) -> bool:
         """Nothing queued and no batch on the device."""
@@ -139,9 +148,13 @@ class Batcher:
                 self.failure = type(err).__name__
                 self.queue.clear()
                 self.busy = False
-            for job in list(self._open):
-                if not job.future.done():
-                    job.future.set_exception(self._died())
+            self._fail_open(self._died())
+
+    def _fail_open(self, err: RequestError) -> None:
+        """Every request submitted and not answered yet gets `err`."""
+        for job in list(self._open):
+            if not job.future.done():
+                job.future.set_exception(err)
 
     def _pending_rows(self) -> int:
         return sum(len(job.records) - job.taken for job in self.queue)

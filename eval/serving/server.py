@@ -63,23 +63,34 @@ class DrainingServer(uvicorn.Server):
         self.state, self.drain_seconds = state, drain_seconds
         self.drained: bool | None = None
         """After a SIGTERM: whether every accepted request was answered within the drain time."""
+        self.exit_by: float | None = None
+        """After a SIGTERM: the time.monotonic() by which the process is to be gone."""
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if sig == signal.SIGTERM and not self.state.draining:
+            self.exit_by = time.monotonic() + self.drain_seconds
             self.state.draining = True
             self.state.metrics.ready.set(0)
             threading.Thread(target=self.drain, name="triskele-drain", daemon=True).start()
             return
         super().handle_exit(sig, frame)
 
+    def seconds_left(self) -> float:
+        """What is left of the drain time for the rest of the exit (all of it without a SIGTERM)."""
+        return self.drain_seconds if self.exit_by is None else max(self.exit_by - time.monotonic(), 0.1)
+
     def drain(self) -> None:
-        """Waits until every accepted request is answered (or the drain time is over), then exits."""
-        deadline = time.monotonic() + self.drain_seconds
+        """Waits until every request in flight is answered, its response sent (or the drain time is
+        over: the requests the device still holds are then answered 503 before uvicorn closes their
+        connections), then exits, leaving uvicorn what remains of the drain time."""
         LOG.info("SIGTERM: draining %d requests in flight (at most %g s)", self.state.in_flight, self.drain_seconds)
-        while (self.state.in_flight or not self.state.batcher.idle()) and time.monotonic() < deadline:
+        while (self.state.in_flight or not self.state.batcher.idle()) and time.monotonic() < self.exit_by:
             time.sleep(0.02)
         self.drained = not self.state.in_flight
-        self.config.timeout_graceful_shutdown = max(0.1, deadline - time.monotonic())
+        if not self.drained:
+            LOG.error("the drain time is over with %d requests in flight", self.state.in_flight)
+            self.state.batcher.stop(self.seconds_left())
+        self.config.timeout_graceful_shutdown = self.seconds_left()
         self.should_exit = True
 
 
@@ -154,17 +165,21 @@ def _log_to_stderr() -> None:
 def serve(workdir: str | Path | None, exported: str | Path | None = None, mesh: str | None = None,
           step: int | None = None, options: ServeOptions | None = None,
           limits: InputLimits | None = None) -> dict[str, Any]:
-    """Serves until SIGTERM (drained) or SIGINT; returns what it served."""
+    """Serves until SIGTERM (drained) or SIGINT; returns what it served: `warm_up_error` (why
+    warming up failed, else None) and `drained` (after a SIGTERM: whether every request in flight
+    was answered within the drain time), which `serve_exit_code` reads."""
     options = options or ServeOptions()
     _log_to_stderr()
     state, models = serving_state(workdir, exported, mesh, step, options, limits)
     server = DrainingServer(uvicorn_config(state), state, options.drain_seconds)
+    warm_up_error: list[str] = []
 
     def warming() -> None:
         try:
             warm_up(state, models)
-        except Exception:
+        except Exception as err:
             LOG.exception("warming up the model failed; stopping")
+            warm_up_error.append(f"{type(err).__name__}: {err}")
             server.should_exit = True
 
     threading.Thread(target=warming, name="triskele-warm-up", daemon=True).start()
@@ -172,6 +187,12 @@ def serve(workdir: str | Path | None, exported: str | Path | None = None, mesh: 
         server.run()
     finally:
         state.ready = False
-        state.batcher.stop()
+        state.batcher.stop(server.seconds_left())
         state.close_pools()
-    return {"model": state.name, "batch_sizes": sorted(models), "drained": server.drained}
+    return {"model": state.name, "batch_sizes": sorted(models), "warm_up_error": next(iter(warm_up_error), None),
+            "drained": server.drained}
+
+
+def serve_exit_code(summary: dict[str, Any]) -> int:
+    """1 when warming up failed or the drain ended with requests unanswered, else 0."""
+    return 1 if summary["warm_up_error"] is not None or summary["drained"] is False else 0
