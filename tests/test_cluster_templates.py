@@ -60,7 +60,13 @@ def test_the_serving_deployment_probes_readiness_drains_inside_its_grace_and_mou
     annotations = pod["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and int(annotations["prometheus.io/port"]) == port
     assert annotations["prometheus.io/path"] == "/metrics"
-    assert pod["spec"]["terminationGracePeriodSeconds"] > float(args[args.index("--drain-seconds") + 1])
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep" and float(pre_stop[1]) >= 5  # the load balancer stops routing before SIGTERM
+    drain = float(args[args.index("--drain-seconds") + 1])
+    assert pod["spec"]["terminationGracePeriodSeconds"] > float(pre_stop[1]) + drain
+    memory = {kind: container["resources"][kind]["memory"] for kind in ("requests", "limits")}
+    assert all(value.endswith("Gi") for value in memory.values())
+    assert int(memory["requests"][:-2]) <= int(memory["limits"][:-2])
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
