@@ -1,5 +1,6 @@
 """What an infer request may hold, on a server of models without JAX (`fake_serving`): a request over
-`--max-in-flight` is refused before its body is read, and a request counts as in flight (the drain
+`--max-in-flight` is refused before its body is read (and uvicorn refuses connections a little
+beyond it), and a request counts as in flight (the drain
 waits for it) until its response's last byte is sent; images over `--max-images` and records over
 `--max-records` are refused naming the flag; the deadline bounds the upload and the decoding too;
 answers are encoded apart from decoding; a dead device thread fails its requests and health says so."""
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from serveutil import FAKE_INFER, CountingIO, Doubling, Fatal, fake_serving, images_request, records_request, wait_for
 from triskele.eval.engine import Unit
+from triskele.eval.serving.server import HEALTH_ROOM
 from triskele.train.data.images import EncodedImage
 
 pytestmark = pytest.mark.xdist_group("serve")
@@ -175,3 +177,19 @@ def test_a_dead_device_thread_fails_its_requests_and_health_says_so():
             assert answer.status_code == 503 and "device thread died" in answer.json()["error"], path
         good, headers = records_request(np.ones((1, 2), np.float32))
         assert server.post(FAKE_INFER, data=good, headers=headers).status_code == 503
+
+
+def test_connections_beyond_max_in_flight_and_the_health_room_are_refused_by_uvicorn():
+    """--max-in-flight 1: HEALTH_ROOM + 1 idle connections fill uvicorn's own limit; a health probe
+    on one more is refused 503; once they close it is answered."""
+    with fake_serving(max_in_flight=1) as server:
+        host, port = server.url.split(":")
+        idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(HEALTH_ROOM + 1)]
+        try:
+            wait_for(lambda: len(server.server.server_state.connections) == len(idle), "the connections to be taken")
+            assert server.get("/v2/health/live").status_code == 503
+        finally:
+            for sock in idle:
+                sock.close()
+        wait_for(lambda: not server.server.server_state.connections, "the connections to close")
+        assert server.get("/v2/health/live").status_code == 200

@@ -57,7 +57,6 @@ class ServeState:
     in_flight: int = 0
     """Infer requests arrived whose response is not sent yet (`Admission`; the drain waits for them)."""
 
-
     def close_pools(self) -> None:
         """Ends the decoding and encoding threads once their current work is done; what is queued is dropped."""
         for pool in (self.decode_pool, self.encode_pool):
