@@ -1,9 +1,9 @@
-"""What an infer request may hold, on a server of models without JAX (`fake_serving`): a request over
-`--max-in-flight` is refused before its body is read (and uvicorn refuses connections a little
-beyond it), and a request counts as in flight (the drain
-waits for it) until its response's last byte is sent; images over `--max-images` and records over
-`--max-records` are refused naming the flag; the deadline bounds the upload and the decoding too;
-answers are encoded apart from decoding; a dead device thread fails its requests and health says so."""
+"""What an infer request may hold, on a server of models without JAX (`fake_serving`): a request
+over `--max-in-flight` is refused before its body is read (and uvicorn refuses connections a little
+beyond it); a request counts as in flight (the drain waits for it) until its response's last byte
+is sent; images over `--max-images` and records over `--max-records` are refused naming the flag;
+the deadline bounds the upload and the decoding too; answers are encoded apart from decoding; a
+dead device thread fails its requests and health says so."""
 
 import http.client
 import json
