@@ -148,20 +148,15 @@ class Admission:
             self.state.in_flight -= 1
 
 
-CHUNK_BYTES = 1 << 20
-
-
 def streamed(body: bytes, media_type: str, headers: dict[str, str]) -> StreamingResponse:
-    """`body` sent in 1 MiB pieces (its Content-Length given): uvicorn takes a piece only once the
-    ones before it have left its buffer for the socket, so the response is done (and its request
-    leaves the count in flight) when the client has taken all but the last piece, not as soon as
-    the whole body is queued in memory."""
-    async def pieces():
-        view = memoryview(body)
-        for start in range(0, len(body), CHUNK_BYTES):
-            yield view[start:start + CHUNK_BYTES]
+    """`body` as a streamed response (its Content-Length given): uvicorn sends the closing empty piece
+    of a stream only once its buffer has drained into the socket, so the response is done (and its
+    request leaves the count in flight) when the client has taken nearly all of it, not as soon as
+    the whole body is queued in memory, as a plain Response would be."""
+    async def whole():
+        yield body
 
-    return StreamingResponse(pieces(), media_type=media_type, headers={**headers, "Content-Length": str(len(body))})
+    return StreamingResponse(whole(), media_type=media_type, headers={**headers, "Content-Length": str(len(body))})
 
 
 def build_app(state: ServeState) -> Starlette:
