@@ -5,29 +5,17 @@ own limits, lower than predict's (refused before decoding: its pixel data are cu
 decoder would have failed otherwise), a request past its deadline and a full queue."""
 
 import json
-import struct
-import zlib
 
 import numpy as np
 import pytest
 from serveutil import noise, png, serving
 from triskele.eval.serving.protocol import encode_request, parse_infer
+from triskele.train.data.png import header_only_png
 
 pytestmark = pytest.mark.xdist_group("serve")
 
 TOKEN = "s3cret-token"
 INFER = "/v2/models/deepfake/infer"
-
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-
-def header_only_png(width: int, height: int) -> bytes:
-    """A PNG whose header declares width x height grey pixels and whose pixel data stop after a few rows."""
-    rows = zlib.compress(b"\x00" * (width + 1) * 2)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-            + _chunk(b"IDAT", rows) + _chunk(b"IEND", b""))
 
 
 def _images(*items: bytes) -> dict:
