@@ -48,6 +48,18 @@ class Listing:
     files: list[Path] = field(default_factory=list)
 
 
+def entries_of(index: Path, what: str) -> dict[str, dict]:
+    """A JSON index of `name -> {...}` objects (DFDC's metadata, DFDCP's dataset.json); anything
+    else is an error naming the file and `what` it should be."""
+    try:
+        entries = json.loads(index.read_text())
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
+            raise ValueError("not an object of name -> object")
+    except ValueError as err:
+        raise ValueError(f"{index} is not {what}: {err}") from None
+    return entries
+
+
 def frames_key(key: str) -> str:
     """A video's key -> its prepared folder's path under the output: each `videos` folder becomes
     `frames` (FaceForensics++'s `.../c23/videos/000` -> `.../c23/frames/000`)."""

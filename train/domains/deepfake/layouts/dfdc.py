@@ -6,11 +6,10 @@ a fake was made from}) beside theirs."""
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path, PurePosixPath
 
 from triskele.train.data.splits import dataset_name
-from triskele.train.domains.deepfake.layouts.base import Layout, Listing, Tree, Video
+from triskele.train.domains.deepfake.layouts.base import Layout, Listing, Tree, Video, entries_of
 
 LABELS = "test/labels.csv"
 FAMILY = "DFDC"
@@ -40,13 +39,7 @@ def _test(tree: Tree, labels: Path) -> list[Video]:
 
 
 def _part(part: str, metadata: Path) -> list[Video]:
-    try:
-        entries = json.loads(metadata.read_text())
-        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
-            raise ValueError("not an object of file -> {\"label\": ...}")
-    except ValueError as err:
-        raise ValueError(f"{metadata} is not DFDC's metadata (file -> {{\"label\": \"REAL\" or \"FAKE\"}}): "
-                         f"{err}") from None
+    entries = entries_of(metadata, "DFDC's metadata (file -> {\"label\": \"REAL\" or \"FAKE\"})")
     videos = []
     for name, entry in entries.items():
         label = entry.get("label")

@@ -3,24 +3,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import PurePosixPath
 
 from triskele.train.data.splits import dataset_name
-from triskele.train.domains.deepfake.layouts.base import Layout, Listing, Tree, Video
+from triskele.train.domains.deepfake.layouts.base import Layout, Listing, Tree, Video, entries_of
 
 INDEX = "dataset.json"
 
 
 def read_dfdcp(tree: Tree, compression: str | None) -> Listing:
     index = tree.root / INDEX
-    try:
-        entries = json.loads(index.read_text())
-        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
-            raise ValueError("not an object of path -> {\"label\": ..., \"set\": ...}")
-    except ValueError as err:
-        raise ValueError(f"{index} is not DFDCP's index (path -> {{\"label\": \"real\" or \"fake\", "
-                         f"\"set\": \"train\" or \"test\"}}): {err}") from None
+    entries = entries_of(index, "DFDCP's index (path -> {\"label\": \"real\" or \"fake\", \"set\": \"train\" or "
+                                "\"test\"})")
     videos = []
     for name, entry in entries.items():
         label, split = entry.get("label"), entry.get("set")
