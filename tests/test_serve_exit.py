@@ -84,3 +84,18 @@ def _post(url, body, headers):
         return requests.post(url, data=body, headers=headers, timeout=60).status_code
     except requests.ConnectionError:
         return None
+
+
+def test_the_server_log_writes_to_the_stderr_of_the_moment_not_a_closed_one(monkeypatch):
+    import io
+    import logging
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    handler = server_module._CurrentStderr()
+    record = logging.LogRecord("triskele.serve", logging.INFO, __file__, 1, "served %d", (7,), None)
+    handler.emit(record)
+    first.close()  # the capture of the test that started the server ends
+    monkeypatch.setattr("sys.stderr", second)
+    handler.emit(record)
+    assert second.getvalue() == "served 7\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -152,10 +153,23 @@ def warm_up(state: ServeState, models: dict[int, Any]) -> None:
     LOG.info("ready: model %r, batch sizes %s", state.name, sorted(models))
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A handler on whatever `sys.stderr` is when it writes, not the stream it was made with: a
+    server started under a captured stderr (pytest, a notebook) keeps logging after that stream closes."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _log_to_stderr() -> None:
     """The server's own lines (start, ready, drain, the access log) on stderr, other libraries' as they are."""
     if not LOG.handlers:
-        handler = logging.StreamHandler()
+        handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         LOG.addHandler(handler)
         LOG.setLevel(logging.INFO)
