@@ -32,6 +32,11 @@ class DeepfakeOptions:
     training data, holds the training methods (less `holdout`)."""
     compression: str = "c23"
     """FaceForensics++ compression folder (raw, c23, c40)."""
+    sbi_mask: str = "auto"
+    """With `fakes=sbi`, the face region the blend mask is made from: `auto` a crop's stored landmarks'
+    convex hull where `prepare` stored them (the landmarks extra), else the ellipse inscribed in its
+    face box, and a synthetic face's drawn oval; `ellipse` never the hull; `hull` always (a synthetic
+    face's drawn landmarks; a crop without landmarks is an error)."""
     layout: str = "auto"
     """The on-disk data's layout (`triskele.train.domains.deepfake.layouts`: ffpp, celeb-df, dfdc,
     dfdcp, uadfv, generic, deepfakebench); `auto` detects it."""
@@ -47,12 +52,14 @@ FAKES = ("sbi", "supervised")
 def resolve(config) -> None:
     """Refuses options that name nothing, when a run starts."""
     from triskele.train.domains.deepfake.data import FAMILIES
+    from triskele.train.domains.deepfake.landmarks import check_sbi_mask
     from triskele.train.domains.deepfake.layouts import check_layout_name
 
     options = config.deepfake
     if options.fakes not in FAKES:
         raise ValueError(f"config key 'deepfake.fakes' is {options.fakes!r}; choose one of {', '.join(FAKES)}")
     check_layout_name(options.layout)
+    check_sbi_mask(options.sbi_mask)
     if options.holdout is not None and not config.data.path and options.holdout not in FAMILIES:
         raise ValueError(f"config key 'deepfake.holdout' is {options.holdout!r}; the synthetic training families "
                          f"are {', '.join(FAMILIES)}")
@@ -72,14 +79,16 @@ def open_split(config, split: str) -> Source:
     if config.data.path:
         source = FaceFrames(config.data.path, split, config.model.image_size, options.frames_per_video, frames,
                             methods=chosen, exclude=holdout, compression=options.compression, reals_only=self_blended,
-                            val_fraction=config.data.val_fraction, limits=config.limits, layout=options.layout)
+                            val_fraction=config.data.val_fraction, limits=config.limits, layout=options.layout,
+                            sbi_mask=options.sbi_mask)
         if jax.process_index() == 0:
             print(source.report(), flush=True)
     else:
         families = chosen or (tuple(f for f in FAMILIES if f not in holdout) if split != "test" else None)
         size = config.data.train_size if split == "train" else config.data.eval_size
         source = SyntheticFaces(split, size, config.model.image_size,
-                                options.frames_per_video, seed=config.run.seed, families=families, clip_frames=frames)
+                                options.frames_per_video, seed=config.run.seed, families=families, clip_frames=frames,
+                                sbi_mask=options.sbi_mask)
     return SelfBlendedFaces(source, pool_without(options.holdout), config.run.seed) if self_blended else source
 
 

@@ -14,16 +14,27 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 from scipy import ndimage
+from triskele.models.preprocess import square_crop_box
 from triskele.train.config import InputLimits
-from triskele.train.data.images import IMAGE_SUFFIXES, read_image
+from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_image
 from triskele.train.data.pipeline import RecordCache
 from triskele.train.data.splits import check_split
+from triskele.train.domains.deepfake.drawn_landmarks import drawn_landmarks
 from triskele.train.domains.deepfake.faces import crop_face_region
+from triskele.train.domains.deepfake.landmarks import (
+    INSTALL,
+    check_sbi_mask,
+    hull_region,
+    landmarks_file,
+    read_landmarks,
+    say_once,
+)
 from triskele.train.domains.deepfake.layouts import AUTO, Tree, Video, find_layout, split_videos
 
 FAMILIES = ("ColorShift", "Exposure", "Resample", "Sharpen")
@@ -193,11 +204,12 @@ def _fake_frame(image: np.ndarray, inner: np.ndarray, ident: dict, family: str, 
 
 
 def render_video(seed: int, video: int, size: int, frames: int, family: str | None, compress: bool = True,
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+                 hull: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
     """Frames (T, size, size, 3) float32, blend masks (T, size, size) uint8 (0 everywhere for a
     real video), face regions (T, size, size) uint8 and each frame's JPEG quality: video `video`,
     real if `family` is None, else faked by that family. `compress` False: the frames before their
-    JPEG (what self-blending blends, `capture` compresses them as these are).
+    JPEG (what self-blending blends, `capture` compresses them as these are). The face region is the
+    drawn face oval, or with `hull` its drawn landmarks' convex hull.
 
     Videos 2k and 2k+1 share identity k, so a real and a fake video of each face exist.
     """
@@ -223,7 +235,8 @@ def render_video(seed: int, video: int, size: int, frames: int, family: str | No
         qualities.append(int(rng.integers(75, 96)))
         out.append(jpeg(image, qualities[-1]) if compress else image.astype(np.float32))
         blends.append((mask[..., 0] * 255).round().astype(np.uint8))
-        regions.append((face * 255).astype(np.uint8))
+        region = hull_region(drawn_landmarks(ident, size, tuple(walk[t])), size) if hull else face
+        regions.append((region * 255).astype(np.uint8))
     return np.stack(out), np.stack(blends), np.stack(regions), qualities
 
 
@@ -232,13 +245,15 @@ class SyntheticFaces:
 
     Video v is fake when v is odd, with a family chosen from `families` by a hash of v (default:
     the training families, and on the test split the unseen ones too). Its real videos are also
-    the `RealFaces` a self-blended training split draws from.
+    the `RealFaces` a self-blended training split draws from, whose face region `sbi_mask` chooses
+    (`landmarks.SBI_MASKS`: `hull` the drawn landmarks' hull, else the drawn face oval).
     """
 
     family_names = FAMILY_NAMES
 
     def __init__(self, split: str, num_records: int, image_size: int, frames_per_video: int, seed: int = 0,
-                 families: tuple[str, ...] | None = None, clip_frames: int = 1, cache_bytes: int = 256 << 20):
+                 families: tuple[str, ...] | None = None, clip_frames: int = 1, cache_bytes: int = 256 << 20,
+                 sbi_mask: str = "auto"):
         if split not in _SPLIT_OFFSET:
             raise ValueError(f"deepfake split {split!r} is not one of {', '.join(_SPLIT_OFFSET)}")
         allowed = FAMILIES + UNSEEN_FAMILIES if split == "test" else FAMILIES
@@ -249,6 +264,7 @@ class SyntheticFaces:
             raise ValueError(f"manipulation families {sorted(unknown) or '()'} unknown for split {split!r}"
                              f"{only_test}; choose from {allowed}")
         self.split, self.image_size, self.seed = split, image_size, seed
+        self.hull = check_sbi_mask(sbi_mask) == "hull"
         self.frames_per_video, self.clip_frames, self.families = frames_per_video, clip_frames, families
         per_record = clip_frames if clip_frames > 1 else 1
         per_video = frames_per_video // per_record if clip_frames == 1 else 1
@@ -272,7 +288,7 @@ class SyntheticFaces:
     def _render(self, video: int, compress: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
         global_video = video + _SPLIT_OFFSET[self.split] * 1_000_000
         frames = self.clip_frames if self.clip_frames > 1 else self.frames_per_video
-        return render_video(self.seed, global_video, self.image_size, frames, self.family(video), compress)
+        return render_video(self.seed, global_video, self.image_size, frames, self.family(video), compress, self.hull)
 
     def _record(self, index: int, compress: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, list[int]]:
         video, frame = divmod(index, self._per_video)
@@ -362,15 +378,16 @@ class FaceFrames:
     (`clip_frames` 1) or clips of `clip_frames` frames; `frames_per_video` frames are sampled
     uniformly from each video. A record's family is its fakes' method (FF++'s, Celeb-DF's
     `Celeb-synthesis`, ...; `fake` for the generic layout). `reals_only` reads the real videos alone
-    (for self-blended training, whose face region is `crop_face_region`: crops carry no landmarks).
-    Frames are read within `limits`.
+    (for self-blended training, whose face region `sbi_mask` chooses, `landmarks.SBI_MASKS`: a crop's
+    stored landmarks' hull, or `crop_face_region`). Frames are read within `limits`.
     """
 
     def __init__(self, root: str | Path, split: str, image_size: int, frames_per_video: int,
                  clip_frames: int = 1, methods: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
                  compression: str = "c23", reals_only: bool = False, val_fraction: float = 0.0,
-                 limits: InputLimits | None = None, layout: str = AUTO):
+                 limits: InputLimits | None = None, layout: str = AUTO, sbi_mask: str = "auto"):
         self.root, self.split, self.image_size = Path(root), check_split(split), image_size
+        self.sbi_mask = check_sbi_mask(sbi_mask)
         self.val_fraction, self.limits = val_fraction, limits
         self.clip_frames, self.reals_only = clip_frames, reals_only
         if not self.root.is_dir() and not (self.root.is_file() and self.root.suffix.lower() == ".json"):
@@ -424,7 +441,23 @@ class FaceFrames:
         """Real record k (of `num_reals`), the crop's face region (per frame of a clip), video."""
         paths, _, video = self.records[self._reals[k]]
         image = self._image(paths)
-        return image, np.broadcast_to(crop_face_region(self.image_size), image.shape[:-1]), video
+        regions = np.stack([self._face_region(p) for p in paths])
+        return image, regions if self.clip_frames > 1 else regions[0], video
+
+    def _face_region(self, frame: Path) -> np.ndarray:
+        """SBI's face region of one crop at the model's input size (`sbi_mask`)."""
+        stored = landmarks_file(frame, self.root if self.root.is_dir() else self.root.parent)
+        points = None if self.sbi_mask == "ellipse" else read_landmarks(stored)
+        if points is None:
+            if self.sbi_mask == "hull":
+                raise ValueError(f"deepfake.sbi_mask=hull, but the crop {frame} has no landmarks ({stored}); prepare "
+                                 f"its videos with the landmarks extra ({INSTALL}), or set deepfake.sbi_mask=auto")
+            say_once("SBI's mask: the ellipse inscribed in the face box, for crops without stored landmarks")
+            return crop_face_region(self.image_size)
+        say_once("SBI's mask: the convex hull of the crops' stored landmarks", logging.INFO)
+        left, top, right, _ = square_crop_box(*image_size(frame, self.limits))
+        scale = self.image_size / (right - left)
+        return hull_region((points - [left, top] + 0.5) * scale - 0.5, self.image_size)  # pixel centres
 
     def capture(self, k: int, frames: np.ndarray) -> np.ndarray:
         """Crops on disk come decoded from their videos: nothing more is done to them."""

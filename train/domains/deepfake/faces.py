@@ -2,7 +2,9 @@
 followed through a video as the largest track (boxes of sampled frames linked by how far the face
 moved for its size, so a face that moves between sparse samples stays one track and a passer-by
 does not switch the identity), the box enlarged 1.3x about its centre, made square, clipped to the
-frame and resized. A frame without the tracked face is counted and left out, with its reason."""
+frame and resized. With the landmarks extra, the face's 68 landmarks are found in its box and the
+crop is aligned on 5 of them instead (`align`), the landmarks kept in the crop's pixels. A frame
+without the tracked face is counted and left out, with its reason."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from triskele.train.config import InputLimits
+from triskele.train.domains.deepfake.align import aligned_crop
+from triskele.train.domains.deepfake.landmarks import face_landmarks
 
 ENLARGE = 1.3
 TRACK_REACH = 1.0
@@ -102,10 +106,19 @@ def crop_face(frame: np.ndarray, box: Box, size: int = CROP_SIZE) -> np.ndarray:
     return np.asarray(Image.fromarray(frame[top:bottom, left:right]).resize((size, size), Image.BILINEAR))
 
 
+def face_crop(frame: np.ndarray, box: Box, size: int = CROP_SIZE) -> tuple[np.ndarray, np.ndarray | None]:
+    """(crop, its 68 landmarks in the crop's pixels) of the face in `box`: aligned on 5 landmarks
+    with the landmarks extra, else `crop_face` and None."""
+    landmarks = face_landmarks(frame, box)
+    if landmarks is None:
+        return crop_face(frame, box, size), None
+    return aligned_crop(frame, landmarks, size, ENLARGE)
+
+
 @dataclasses.dataclass
 class VideoFaces:
-    """What a video gave: its sampled frames' indices, the tracked face's box and crop per frame
-    with a face, and why each other frame was left out."""
+    """What a video gave: its sampled frames' indices, the tracked face's box, crop and landmarks
+    (None without the extra) per frame with a face, and why each other frame was left out."""
 
     frames_decoded: int
     frames_sampled: int
@@ -113,19 +126,20 @@ class VideoFaces:
     boxes: list[Box]
     crops: list[np.ndarray]
     left_out: dict[int, str]
+    landmarks: list[np.ndarray | None]
 
     @property
     def reason(self) -> str | None:
         return None if self.crops else f"no face in any of {self.frames_sampled} sampled frames"
 
 
-def _faces_in(frame: np.ndarray, size: int) -> tuple[list[Box], dict[Box, np.ndarray] | np.ndarray]:
+def _faces_in(frame: np.ndarray, size: int) -> tuple[list[Box], dict[Box, tuple] | np.ndarray]:
     """A sampled frame's face boxes and what is kept of it until the track is known: each box's
-    crop, or the frame itself where its crops would outweigh it (a crowd)."""
+    `face_crop`, or the frame itself where its crops would outweigh it (a crowd)."""
     boxes = detect_faces(frame)
     if len(boxes) * size * size > frame.shape[0] * frame.shape[1]:
         return boxes, frame
-    return boxes, {box: crop_face(frame, box, size) for box in boxes}
+    return boxes, {box: face_crop(frame, box, size) for box in boxes}
 
 
 def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLimits | None = None) -> VideoFaces:
@@ -136,20 +150,23 @@ def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLim
 
     indices, found, total = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size))
     track = largest_track([boxes for boxes, _ in found])
-    faces = VideoFaces(total, len(found), [], [], [], {})
+    faces = VideoFaces(total, len(found), [], [], [], {}, [])
     for index, (boxes, kept), box in zip(indices, found, track, strict=True):
         if box is None:
             faces.left_out[index] = "no face" if not boxes else "only faces off the tracked one"
             continue
         faces.indices.append(index)
         faces.boxes.append(box)
-        faces.crops.append(kept[box] if isinstance(kept, dict) else crop_face(kept, box, size))
+        crop, landmarks = kept[box] if isinstance(kept, dict) else face_crop(kept, box, size)
+        faces.crops.append(crop)
+        faces.landmarks.append(landmarks)
     return faces
 
 
 def crop_face_region(size: int) -> np.ndarray:
-    """Where the face is in a face crop with no landmarks: the ellipse inscribed in the crop's inner
-    box (the detector's box, which the crop enlarged `ENLARGE` times about its centre)."""
+    """Where the face is in a face crop without landmarks (with them: `landmarks.hull_region`): the
+    ellipse inscribed in the crop's inner box (the detector's box, which the crop enlarged `ENLARGE`
+    times about its centre)."""
     rows, cols = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
     radius = size / ENLARGE / 2
     return ((((rows - size / 2) / radius) ** 2 + ((cols - size / 2) / radius) ** 2) < 1).astype(np.float64)

@@ -6,9 +6,13 @@ A video tree in one of the layouts `triskele.train.domains.deepfake.layouts` rea
 UADFV or a generic `[<split>/]{real,fake}/<video>.mp4` tree, becomes the frame layout the deepfake
 loader reads: each video's folder `videos/` becomes `frames/`, and the video `<name>.mp4` a folder
 `<name>/` of face crops `<frame index>.png`; the layout's label and split files are copied beside
-them, so the prepared tree reads as the raw one did. The layout's files are checked first: a label
-that is not the layout's, or a listed video that is missing, stops it with the file (and line)
-named. `DIR/manifest.json` records the layout and lists per video the frames decoded and sampled,
+them, so the prepared tree reads as the raw one did. With the landmarks extra (`pip install -e
+'.[landmarks]'`), crops are aligned on 5 landmarks and each crop's 68 landmarks are stored as
+DeepfakeBench does: `<name>/<frame index>.npy` in a `landmarks/` folder beside `frames/` (or under
+`DIR/landmarks/` for a layout without `frames/` folders), in the crop's pixels. The layout's files
+are checked first: a label that is not the layout's, or a listed video that is missing, stops it
+with the file (and line) named. `DIR/manifest.json` records the layout (and whether landmarks were
+stored) and lists per video the frames decoded and sampled,
 the crops written, and the frames left out and why (no face, only other faces); a video that cannot
 be read, or is over an input limit (`--set limits.<key>=N`: frame size and frame count, checked from
 its header), is listed with the reason and the rest go on. Each finished video is recorded
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 from tqdm import tqdm
 from triskele.train.bookkeeping.files import write_atomically
@@ -36,6 +41,7 @@ from triskele.train.commands import Command
 from triskele.train.config import InputLimits, add_limits_flag, input_limits
 from triskele.train.data.walk import walk_files
 from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces
+from triskele.train.domains.deepfake.landmarks import INSTALL, landmark_predictor, landmarks_file
 from triskele.train.domains.deepfake.layouts import AUTO, LAYOUTS, Layout, Tree, find_layout, frames_key, listed_present
 from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
@@ -76,10 +82,14 @@ def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits]) -> dict[
         entry["error"] = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         return entry
     folder = frames_folder(video, raw, out)
-    for index, crop in zip(faces.indices, faces.crops, strict=True):
+    for index, crop, landmarks in zip(faces.indices, faces.crops, faces.landmarks, strict=True):
         buffer = io.BytesIO()
         Image.fromarray(crop).save(buffer, format="PNG")
         write_atomically(folder / f"{index:06d}.png", buffer.getvalue())
+        if landmarks is not None:
+            buffer = io.BytesIO()
+            np.save(buffer, landmarks)
+            write_atomically(landmarks_file(folder / f"{index:06d}.png", out), buffer.getvalue())
     entry.update(frames=str(folder.relative_to(out)) if faces.crops else None, frames_decoded=faces.frames_decoded,
                  frames_sampled=faces.frames_sampled, frames_written=len(faces.crops),
                  left_out={str(i): why for i, why in faces.left_out.items()},
@@ -95,6 +105,7 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
     if frames < 1:
         raise ValueError(f"--frames {frames} must be at least 1")
     found, files = raw_layout(raw, layout)
+    aligned = landmark_predictor() is not None  # a damaged model file stops here, not once per video
     videos = sorted(walk_files(raw, lambda p: p.suffix.lower() in VIDEO_SUFFIXES))
     if not videos:
         raise ValueError(f"--input {raw} holds no videos ({', '.join(VIDEO_SUFFIXES)}) for its {found.title} layout "
@@ -126,15 +137,16 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
     recorded = [json.loads(_record_path(out, v.relative_to(raw).as_posix()).read_text())
                 for v in videos if _record_path(out, v.relative_to(raw).as_posix()).is_file()]
     errors = [e for e in entries if "error" in e]
-    manifest = {"input": str(raw), "layout": found.name, "frames": frames, "size": size, "videos": recorded + errors}
+    manifest = {"input": str(raw), "layout": found.name, "frames": frames, "size": size, "landmarks": aligned,
+                "videos": recorded + errors}
     write_atomically(out / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
     sampled = sum(e.get("frames_sampled", 0) for e in entries)
     return {"videos": len(videos), "prepared": len(entries) - len(errors), "skipped": len(done),
             "unreadable": len(errors), "no_face": sum(1 for e in recorded if e.get("reason")),
             "frames_written": sum(e.get("frames_written", 0) for e in recorded), "seconds": round(seconds, 3),
             "frames_per_sec": round(sampled / seconds, 2) if seconds > 0 else 0.0, "output": str(out),
-            "layout": found.name,
-            "interrupted": stop.requested}
+            "layout": found.name, "crops": "aligned on 5 landmarks, landmarks stored" if aligned else
+            f"the face box enlarged 1.3x, no landmarks ({INSTALL} for them)", "interrupted": stop.requested}
 
 
 def _ignore_ctrl_c() -> None:
