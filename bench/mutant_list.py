@@ -40,6 +40,7 @@ REQUESTS = "tests/test_serve_requests.py"
 FAULTS = "tests/test_faults.py"
 PIPELINE = "tests/test_pipeline.py"
 LAYOUTS = "tests/test_deepfake_layouts.py"
+LANDMARKS = "tests/test_landmarks.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- restore / resume ---------------------------------------------------------------------
@@ -477,4 +478,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "if not full.is_relative_to(root):", "if False:",
            (LAYOUTS,), "a DeepfakeBench frame path outside the JSON's folder (/etc/passwd, ../x) is read",
            k="passwd"),
+    Mutant("alignment-template-without-margin", "train/domains/deepfake/align.py", "alignment_template",
+           "margin = size * (enlarge - 1) / 2", "margin = 0.0",
+           (f"{LANDMARKS}::test_the_5_point_alignment_is_deepfakebenchs_and_maps_the_points_onto_its_template",),
+           "crops aligned on the bare 112-px template, without DeepfakeBench's 1.3x margin: the face fills the crop"),
+    Mutant("sbi-mask-ignores-stored-landmarks", "train/domains/deepfake/data.py", "FaceFrames._face_region",
+           'points = None if self.sbi_mask == "ellipse" else read_landmarks(stored)', "points = None",
+           (f"{LANDMARKS}::test_prepare_stores_dlibs_68_landmarks_on_the_face_and_sbi_masks_their_hull",),
+           "SBI's mask stays the inscribed ellipse on crops whose landmarks prepare stored, not their hull"),
 )
