@@ -19,7 +19,7 @@ from triskele.train.domains.deepfake.align import (
 from triskele.train.domains.deepfake.data import FaceFrames, SyntheticFaces, _identity, render_face
 from triskele.train.domains.deepfake.drawn_landmarks import drawn_landmarks
 from triskele.train.domains.deepfake.landmarks import hull_region, landmarks_file
-from videoutil import pan, write_video
+from videoutil import FACE_POINTS, pan, pan_offsets, write_video
 
 needs_extra = pytest.mark.skipif(lm.predictor_path() is None, reason=f"needs the landmarks extra: {lm.INSTALL}")
 
@@ -113,6 +113,21 @@ def test_landmarks_lie_beside_the_frames_as_deepfakebench_keeps_them(tmp_path):
         tmp_path / "landmarks/Celeb-real/id0/000003.npy")
 
 
+@needs_extra
+def test_dlibs_68_points_on_a_test_videos_face_lie_on_the_photographs_features(tmp_path, fresh_landmarks):
+    from triskele.train.domains.deepfake.faces import detect_faces
+    from triskele.train.domains.deepfake.video import sample_frames
+
+    indices, frames, _ = sample_frames(write_video(tmp_path / "pan.mp4", pan(12)), 3)
+    for index, frame in zip(indices, frames, strict=True):
+        points = lm.face_landmarks(frame, detect_faces(frame)[0])
+        found = {"left eye": points[36:42].mean(0), "right eye": points[42:48].mean(0), "nose tip": points[30],
+                 "mouth left": points[48], "mouth right": points[54], "chin": points[8]}
+        left, top = pan_offsets(12)[index]
+        for name, (x, y) in FACE_POINTS.items():
+            assert np.hypot(*(found[name] - (x - left, y - top))) < 4, (index, name, found[name], x - left, y - top)
+
+
 def _generic_tree(root):
     write_video(root / "real" / "000.mp4", pan(6))
     write_video(root / "fake" / "001.mp4", pan(6, shift=(30, -20, 10)))
@@ -126,7 +141,9 @@ def test_prepare_stores_dlibs_68_landmarks_on_the_face_and_sbi_masks_their_hull(
 
     out = tmp_path / "out"
     summary = prepare_deepfake(_generic_tree(tmp_path / "raw"), out, frames=3, progress=False)
-    assert summary["crops"].startswith("aligned") and json.loads((out / "manifest.json").read_text())["landmarks"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert summary["crops"].startswith("aligned") and manifest["landmarks"]
+    assert [v["landmarks_written"] for v in manifest["videos"]] == [3, 3]
     crops = sorted((out / "real" / "000").glob("*.png")) + sorted((out / "fake" / "001").glob("*.png"))
     assert len(crops) == 6
     from PIL import Image

@@ -12,6 +12,10 @@ from PIL import Image
 FRAME = (320, 240)  # width, height
 FACE = (179, 83, 266, 170)
 """The face's box in the 512 x 512 photograph (dlib, no upsampling)."""
+FACE_POINTS = {"left eye": (204, 101), "right eye": (247, 104), "nose tip": (225, 127), "mouth left": (201, 140),
+               "mouth right": (245, 141), "chin": (221, 178)}
+"""Features of the face in the photograph (x, y), read by eye off a 4x enlargement: the pupils' centres,
+the nose's tip, the corners of the mouth, the bottom of the chin."""
 
 
 def photograph() -> np.ndarray:

@@ -13,7 +13,7 @@ DeepfakeBench does: `<name>/<frame index>.npy` in a `landmarks/` folder beside `
 are checked first: a label that is not the layout's, or a listed video that is missing, stops it
 with the file (and line) named. `DIR/manifest.json` records the layout (and whether landmarks were
 stored) and lists per video the frames decoded and sampled,
-the crops written, and the frames left out and why (no face, only other faces); a video that cannot
+the crops (and landmarks) written, and the frames left out and why (no face, only other faces); a video that cannot
 be read, or is over an input limit (`--set limits.<key>=N`: frame size and frame count, checked from
 its header), is listed with the reason and the rest go on. Each finished video is recorded
 (`DIR/.prepare/`), so a rerun skips it; videos run in parallel.
@@ -92,6 +92,7 @@ def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits]) -> dict[
             write_atomically(landmarks_file(folder / f"{index:06d}.png", out), buffer.getvalue())
     entry.update(frames=str(folder.relative_to(out)) if faces.crops else None, frames_decoded=faces.frames_decoded,
                  frames_sampled=faces.frames_sampled, frames_written=len(faces.crops),
+                 landmarks_written=sum(points is not None for points in faces.landmarks),
                  left_out={str(i): why for i, why in faces.left_out.items()},
                  **({"reason": faces.reason} if faces.reason else {}))
     write_atomically(_record_path(out, key), json.dumps(entry).encode())
