@@ -40,17 +40,18 @@ from triskele.mesh.schedule import bubble_fraction as bubble_fraction
 from triskele.mesh.schedule import check_schedule, schedule_iterations
 
 
-def rotate_stages(x: jax.Array) -> jax.Array:
-    """Moves stage p's slot (axis 0) to stage p + 1, the last to stage 0: one collective-permute
-    over `pipeline` when axis 0 is sharded over it (under the context mesh), else a roll."""
+def rotate_stages(x: jax.Array, shift: int = 1) -> jax.Array:
+    """Moves stage p's slot (axis 0) to stage p + shift (mod the stages): one collective-permute
+    over `pipeline` when axis 0 is sharded over it (under the context mesh), else a roll. The
+    forward sends to the next stage (1), a backward to the previous one (-1)."""
     stages = x.shape[0]
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.shape.get("pipeline", 1) != stages:
-        return jnp.roll(x, 1, axis=0)
+        return jnp.roll(x, shift, axis=0)
     spec = PartitionSpec("pipeline")
-    permutation = [(p, (p + 1) % stages) for p in range(stages)]
-    shift = lambda a: jax.lax.ppermute(a, "pipeline", permutation)
-    return jax.shard_map(shift, in_specs=spec, out_specs=spec, axis_names={"pipeline"})(x)
+    permutation = [(p, (p + shift) % stages) for p in range(stages)]
+    move = lambda a: jax.lax.ppermute(a, "pipeline", permutation)
+    return jax.shard_map(move, in_specs=spec, out_specs=spec, axis_names={"pipeline"})(x)
 
 
 def _without_fsdp(axes: MeshAxes) -> MeshAxes:
@@ -89,6 +90,37 @@ def gathered_over_fsdp(weights: Any, names: list[tuple[str | None, ...]]) -> Any
     return jax.tree.unflatten(treedef, [gather(w, n) for w, n in zip(leaves, names, strict=True)])
 
 
+def staged_weights(layer_params: Any, stages: int, gather_once: bool) -> Any:
+    """`layer_params` (leaves (repeats, stages * L, ...)) viewed as (repeats, stages, L, ...), the
+    stage axis on `pipeline`; with `gather_once`, gathered over `fsdp` (see the module doc)."""
+    repeats, per_repeat = jax.tree.leaves(layer_params)[0].shape[:2]
+    per_stage = per_repeat // stages
+    weights = jax.tree.map(
+        lambda w: constrain(w.reshape(repeats, stages, per_stage, *w.shape[2:]),
+                            "repeats", "stage", *([UNCONSTRAINED] * (w.ndim - 1))), layer_params)
+    return gathered_over_fsdp(weights, weight_names(layer_params)) if gather_once else weights
+
+
+def weights_at(weights: Any, repeat: jax.Array | None) -> Any:
+    """Each stage's layers (leaves (stages, L, ...)) of the repeat it works on: `repeat` (stages,),
+    or None with a single repeat (no per-iteration gather: weight gradients accumulate locally)."""
+    if repeat is None:
+        return jax.tree.map(lambda a: a[0], weights)
+    return jax.vmap(lambda w, r: jax.tree.map(lambda a: a[r], w), in_axes=(1, 0),
+                    spmd_axis_name="pipeline")(weights, repeat)
+
+
+def split_microbatches(x: jax.Array, microbatches: int) -> jax.Array:
+    """(B, ...) -> (M, B / M, ...): microbatch j takes rows j, j + M, ..., so that every device's
+    rows spread over the microbatches and no data moves between devices."""
+    return x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1)
+
+
+def joined_microbatches(x: jax.Array) -> jax.Array:
+    """The inverse of `split_microbatches`."""
+    return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+
 def circular_pipeline(
     stage_fn: Callable[[Any, jax.Array], jax.Array],
     layer_params: Any,
@@ -107,16 +139,10 @@ def circular_pipeline(
     """
     repeats, per_repeat = jax.tree.leaves(layer_params)[0].shape[:2]
     check_schedule(repeats * per_repeat, stages, repeats, microbatches, x.shape[0])
-    per_stage = per_repeat // stages
-    weights = jax.tree.map(
-        lambda w: constrain(w.reshape(repeats, stages, per_stage, *w.shape[2:]),
-                            "repeats", "stage", *([UNCONSTRAINED] * (w.ndim - 1))), layer_params)
-    if gather_once:
-        weights = gathered_over_fsdp(weights, weight_names(layer_params))
+    weights = staged_weights(layer_params, stages, gather_once)
     rest = x.shape[1:]
     trailing = [None] * len(rest)
-    # Microbatch j takes rows j, j+M, ...: every device's rows spread over the microbatches.
-    inputs = x.reshape(x.shape[0] // microbatches, microbatches, *rest).swapaxes(0, 1)
+    inputs = split_microbatches(x, microbatches)
     # spmd_axis_name: sharding constraints inside a stage keep the stage axis on `pipeline`.
     run_stages = jax.vmap(stage_fn, in_axes=(0, 0), spmd_axis_name="pipeline")
     stage_ids = jnp.arange(stages)
@@ -131,12 +157,8 @@ def circular_pipeline(
         slot = t % microbatches
         fresh = jnp.where(t < microbatches, inputs[:, slot], loop[:, slot])
         state = constrain(jnp.where(first_stage, fresh, state), "stage", "batch", *trailing)
-        if repeats == 1:  # no per-iteration gather: weight gradients accumulate locally
-            stage_weights = jax.tree.map(lambda a: a[0], weights)
-        else:
-            repeat = jnp.clip((t - stage_ids) // microbatches, 0, repeats - 1)
-            stage_weights = jax.vmap(lambda w, r: jax.tree.map(lambda a: a[r], w), in_axes=(1, 0),
-                                     spmd_axis_name="pipeline")(weights, repeat)
+        repeat = jnp.clip((t - stage_ids) // microbatches, 0, repeats - 1) if repeats > 1 else None
+        stage_weights = weights_at(weights, repeat)
         out = constrain(run_stages(stage_weights, state), "stage", "batch", *trailing)
         state = rotate_stages(out)  # stage p's output feeds stage p + 1; the last stage's reaches stage 0
         k = t - (stages - 1)
@@ -151,4 +173,4 @@ def circular_pipeline(
     buffers = per_stage_buffer(jnp.zeros((stages, microbatches, *mb_shape), x.dtype))
     total = schedule_iterations(stages, repeats, microbatches)
     (_, _, outputs), _ = jax.lax.scan(iteration, (state, buffers, buffers), jnp.arange(total))
-    return outputs[0].swapaxes(0, 1).reshape(x.shape)  # stage 0's buffer holds the finished microbatches
+    return joined_microbatches(outputs[0])  # stage 0's buffer holds the finished microbatches

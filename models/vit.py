@@ -10,6 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 from triskele.mesh import constrain
 from triskele.mesh.pipeline import circular_pipeline
+from triskele.mesh.pipeline_1f1b import one_f_one_b_pipeline
+from triskele.mesh.schedule import SCHEDULES
 from triskele.mesh.shape import ModelShape
 from triskele.models.layers import Dense, LayerNorm, normal_param, patchify, project, zeros_param
 from triskele.models.quantize import check_format
@@ -62,6 +64,8 @@ class ViTConfig:
     pipeline_microbatches: int = 1
     pipeline_gather_once: bool = True
     """With FSDP, each stage's weights are gathered once per step, not in every pipeline iteration."""
+    pipeline_schedule: str = "circular"
+    """circular (triskele.mesh.pipeline) or 1f1b (triskele.mesh.pipeline_1f1b: bounded activation memory)."""
 
     @classmethod
     def named(cls, size: str, **overrides) -> ViTConfig:
@@ -86,6 +90,8 @@ class ViTConfig:
             check_format(self.quantization)
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"model.remat {self.remat!r} is not one of {REMAT_POLICIES}")
+        if self.pipeline_schedule not in SCHEDULES:
+            raise ValueError(f"pipeline.schedule {self.pipeline_schedule!r} is not one of {SCHEDULES}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"model.attention {self.attention!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
 
@@ -212,7 +218,7 @@ def rematerialized(fn, policy: str):
 
 
 def run_blocks(blocks: Block, x: jax.Array, cfg: ViTConfig) -> jax.Array:
-    """Applies the stacked blocks in order: a scan, or the circular pipeline when there are stages."""
+    """Applies the stacked blocks in order: a scan, or the pipeline schedule when there are stages."""
     graphdef, state = nnx.split(blocks)
 
     @functools.partial(rematerialized, policy=cfg.remat)
@@ -225,8 +231,8 @@ def run_blocks(blocks: Block, x: jax.Array, cfg: ViTConfig) -> jax.Array:
     if cfg.pipeline_stages > 1:
         if cfg.pipeline_repeats == 1:
             state = jax.tree.map(lambda a: a[None], state)
-        return circular_pipeline(layers, state, x, cfg.pipeline_stages, cfg.pipeline_microbatches,
-                                 cfg.pipeline_gather_once)
+        pipeline = one_f_one_b_pipeline if cfg.pipeline_schedule == "1f1b" else circular_pipeline
+        return pipeline(layers, state, x, cfg.pipeline_stages, cfg.pipeline_microbatches, cfg.pipeline_gather_once)
     if cfg.pipeline_repeats > 1:
         state = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), state)
     return jax.lax.scan(layer, x, state)[0]

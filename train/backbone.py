@@ -23,6 +23,7 @@ def vit_config(config: Config, pipeline_stages: int = 1) -> ViTConfig:
         norm_eps=m.norm_eps if m.norm_eps is not None else DEFAULT_NORM_EPS,
         pipeline_stages=pipeline_stages, pipeline_repeats=config.pipeline.repeats,
         pipeline_microbatches=config.pipeline.microbatches, pipeline_gather_once=config.pipeline.gather_once,
+        pipeline_schedule=config.pipeline.schedule,
     )
     if m.depth is not None:
         overrides["depth"] = m.depth

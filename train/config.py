@@ -141,6 +141,12 @@ class PipelineConfig:
     loop, instead of in each of its repeats x microbatches + stages - 1 iterations (forward and
     backward). Faster; costs the stage's weights and gradients whole over fsdp for the step: set
     false when that does not fit (`python -m triskele.train.tools.plan` prices both)."""
+    schedule: str = "circular"
+    """circular: autodiff through the loop keeps every microbatch's activations until the backward
+    (memory grows with microbatches). 1f1b: one forward and one backward per stage and iteration,
+    each stage recomputed from its saved input, at most 2 x stages x repeats - 1 stage inputs kept
+    (memory flat in microbatches; one more forward of the layers). Interleaved when repeats > 1,
+    which needs microbatches a multiple of the stages."""
 
 
 @dataclasses.dataclass
@@ -544,6 +550,7 @@ def check_best_metric(domain: str, name: str) -> None:
 
 
 def _check_choices(config: Config) -> None:
+    from triskele.mesh.schedule import SCHEDULES
     from triskele.models.quantize import FORMATS as QUANTIZATION_FORMATS
     from triskele.models.vit import REMAT_POLICIES
     from triskele.train.bookkeeping.profiling import parse_profile_steps
@@ -551,6 +558,7 @@ def _check_choices(config: Config) -> None:
     _check_choice("domain", config.domain, _domain_names())
     _check_choice("precision", config.precision, PRECISIONS)
     _check_choice("model.remat", config.model.remat, REMAT_POLICIES)
+    _check_choice("pipeline.schedule", config.pipeline.schedule, SCHEDULES)
     _check_choice("data.bad_records", config.data.bad_records, ("error", "skip"))
     _check_choice("run.on_nonfinite", config.run.on_nonfinite, ("stop", "skip"))
     if config.run.profile_steps is not None:

@@ -118,15 +118,16 @@ def _restore_or_init(parts: RunParts, checkpoints: Checkpoints) -> TrainState:
     return state
 
 
-def _pipeline_schedule(parts: RunParts) -> dict[str, float | int]:
-    """P, v, M, iterations and bubble fraction of the run's pipeline ({} without one)."""
+def _pipeline_schedule(parts: RunParts) -> dict[str, float | int | str]:
+    """Schedule, P, v, M, iterations and bubble fraction of the run's pipeline ({} without one)."""
     stages = parts.mesh.shape["pipeline"]
     if stages == 1:
         return {}
-    repeats, microbatches = parts.config.pipeline.repeats, parts.config.pipeline.microbatches
-    return {"stages": stages, "repeats": repeats, "microbatches": microbatches,
-            "iterations": schedule_iterations(stages, repeats, microbatches),
-            "bubble": bubble_fraction(stages, repeats, microbatches)}
+    pipeline = parts.config.pipeline
+    counts = (stages, pipeline.repeats, pipeline.microbatches, pipeline.schedule)
+    return {"schedule": pipeline.schedule, "stages": stages, "repeats": pipeline.repeats,
+            "microbatches": pipeline.microbatches, "iterations": schedule_iterations(*counts),
+            "bubble": bubble_fraction(*counts)}
 
 
 class _Events:
@@ -306,7 +307,7 @@ def _train(
     return summary
 
 
-def _announce(parts: RunParts, first: int, workdir: Path, schedule: dict[str, float | int]) -> None:
+def _announce(parts: RunParts, first: int, workdir: Path, schedule: dict[str, float | int | str]) -> None:
     """What the run will do and where its outputs go, before it compiles; the FP8 emulation and
     pipeline schedule notes."""
     config, mesh = parts.config, parts.mesh

@@ -44,7 +44,7 @@ def validate(config: Config, mesh: Mesh) -> None:
             f"use tensor in {divisors(vit.heads)}"
         )
     if stages > 1:
-        check_schedule(vit.depth, stages, config.pipeline.repeats, microbatches)
+        check_schedule(vit.depth, stages, config.pipeline.repeats, microbatches, schedule=config.pipeline.schedule)
     elif vit.depth % config.pipeline.repeats:
         raise ValueError(f"model depth {vit.depth} is not divisible by pipeline.repeats={config.pipeline.repeats}; "
                          f"use pipeline.repeats in {divisors(vit.depth)}")
