@@ -40,19 +40,15 @@ import jax
 import jax.numpy as jnp
 from triskele.mesh.logical import constrain
 from triskele.mesh.pipeline import joined_microbatches, rotate_stages, split_microbatches, staged_weights, weights_at
-from triskele.mesh.schedule import check_schedule, schedule_iterations
+from triskele.mesh.schedule import check_schedule, ring_slots, schedule_iterations
 
 StageFn = Callable[[Any, jax.Array], jax.Array]
 
 
-def ring_slots(stages: int, repeats: int, microbatches: int) -> int:
-    """Stage inputs a stage holds at once: its first virtual stage's wait of 2 (v P - 1) iterations
-    plus the one arriving, or every microbatch pass if there are fewer."""
-    return min(2 * repeats * stages - 1, repeats * microbatches)
-
-
-def _positions(t: jax.Array, stages: int, repeats: int, microbatches: int, backward: bool):
-    """(repeat, microbatch, valid) of each stage's forward (or backward) at iteration t, each (stages,)."""
+def schedule_positions(t: jax.Array, stages: int, repeats: int, microbatches: int,
+                       backward: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(repeat, microbatch, valid) of each stage's forward (in either loop) or backward (in the
+    backward loop) at iteration t, each (stages,)."""
     stage = jnp.arange(stages)
     ring = repeats * stages
     if backward:
@@ -92,7 +88,7 @@ class _Schedule:
         self.run_stages = jax.vmap(stage_fn, spmd_axis_name="pipeline")
 
     def positions(self, t: jax.Array, backward: bool):
-        return _positions(t, self.stages, self.repeats, self.microbatches, backward)
+        return schedule_positions(t, self.stages, self.repeats, self.microbatches, backward)
 
     def per_stage(self, a: jax.Array) -> jax.Array:
         return constrain(a, "stage", "batch", *self.trailing)

@@ -25,6 +25,12 @@ def schedule_iterations(stages: int, repeats: int, microbatches: int, schedule: 
     return forward + repeats * microbatches + repeats * stages + stages - 2
 
 
+def ring_slots(stages: int, repeats: int, microbatches: int) -> int:
+    """Stage inputs a 1f1b stage holds at once: its first virtual stage's wait of 2 (v P - 1)
+    iterations plus the one arriving, or every microbatch pass if there are fewer."""
+    return min(2 * repeats * stages - 1, repeats * microbatches)
+
+
 def bubble_fraction(stages: int, repeats: int, microbatches: int, schedule: str = "circular") -> float:
     """Idle share of a stage's schedule. circular: (P - 1) / (v * M + P - 1). 1f1b: the idle
     iterations of both loops over all, a backward-loop iteration weighted as 1 + 1 + BACKWARD_FORWARDS

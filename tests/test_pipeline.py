@@ -43,18 +43,25 @@ def forward_and_grad(cfg: ViTConfig, mesh):
     return np.asarray(tokens), jax.device_get(grads)
 
 
-@pytest.mark.parametrize(
-    "stages, repeats, microbatches, spec",
-    [(2, 1, 2, "pipeline=2,data=4"), (2, 2, 4, "pipeline=2,data=2,tensor=2"), (4, 1, 4, "pipeline=4,tensor=2"),
-     (4, 2, 8, "pipeline=4,data=2")],
-)
-def test_pipelined_encoder_equals_the_plain_scan(stages, repeats, microbatches, spec, devices):
+PIPELINE_CASES = [(2, 1, 2, "pipeline=2,data=4"), (2, 2, 4, "pipeline=2,data=2,tensor=2"),
+                  (4, 1, 4, "pipeline=4,tensor=2"), (4, 2, 8, "pipeline=4,data=2")]
+"""(stages, repeats, microbatches, mesh) of the encoder-equivalence checks."""
+
+
+def assert_pipelined_encoder_equals_the_plain_scan(stages: int, repeats: int, microbatches: int, spec: str,
+                                                   devices, **pipeline) -> None:
+    """Tokens and gradients of the pipelined encoder (ViTConfig fields `pipeline`) within 1e-5 of the plain scan's."""
     plain = dataclasses.replace(BASE, pipeline_repeats=repeats)
     reference = forward_and_grad(plain, make_mesh("data=1", devices=devices[:1]))
-    piped = dataclasses.replace(plain, pipeline_stages=stages, pipeline_microbatches=microbatches)
+    piped = dataclasses.replace(plain, pipeline_stages=stages, pipeline_microbatches=microbatches, **pipeline)
     tokens, grads = forward_and_grad(piped, make_mesh(spec))
     assert_trees_close(tokens, reference[0], 1e-5)
     assert_trees_close(grads, reference[1], 1e-5)
+
+
+@pytest.mark.parametrize("stages, repeats, microbatches, spec", PIPELINE_CASES)
+def test_pipelined_encoder_equals_the_plain_scan(stages, repeats, microbatches, spec, devices):
+    assert_pipelined_encoder_equals_the_plain_scan(stages, repeats, microbatches, spec, devices)
 
 
 def test_bubble_fraction_and_schedule_errors():
@@ -72,7 +79,12 @@ def test_bubble_fraction_and_schedule_errors():
       "depth 8 is not divisible by pipeline stages x pipeline.repeats = 4 x 4"),
      (["--mesh", "pipeline=4,data=2", "--set", "pipeline.microbatches=2"], "fewer than the 4 pipeline stages"),
      (["--mesh", "pipeline=2,data=4", "--set", "pipeline.microbatches=3"],
-      "not divisible by pipeline.microbatches x data x fsdp = 12")],
+      "not divisible by pipeline.microbatches x data x fsdp = 12"),
+     (["--mesh", "pipeline=2,data=4", "--set", "pipeline.schedule=gpipe"],
+      "config key 'pipeline.schedule' is 'gpipe'; choose one of circular, 1f1b"),
+     (["--mesh", "pipeline=4,data=2", "--set", "pipeline.schedule=1f1b", "--set", "pipeline.repeats=2",
+       "--set", "pipeline.microbatches=6", "--set", "data.global_batch=48"],
+      "pipeline.microbatches=6 must be a multiple of 4; use pipeline.microbatches=8")],
 )
 def test_pipeline_config_errors(flags, message, tmp_path, capsys):
     assert train_main(["--workdir", str(tmp_path), "--no-progress", *flags]) == 2
@@ -97,17 +109,24 @@ def test_training_on_pipeline_meshes_matches_one_device(spec, single_device, tmp
     assert records[5]["pipeline_bubble"] == pytest.approx(bubble_fraction(stages, 1, 4))
 
 
-@pytest.mark.parametrize("first, second", [("pipeline=2,data=4", "data=8"), ("data=8", "pipeline=2,data=4")])
-def test_checkpoints_move_between_pipeline_and_data_meshes(first, second, tmp_path, devices):
+def assert_moved_run_continues_the_straight_one(tmp_path, first: str, second: str, **resumed) -> None:
+    """A 4-step run on mesh `first`, and the same run stopped after step 2 and resumed on `second`
+    with the config keys `resumed` changed: the same losses (1e-5) and final parameters (1e-4)."""
     config = small_config(**{"run.steps": 4})
     train(config, tmp_path / "straight", mesh=mesh_of(first), progress=False)
     train(config, tmp_path / "moved", mesh=mesh_of(first), progress=False, stop_after_step=2)
-    moved = train(config, tmp_path / "moved", mesh=mesh_of(second), progress=False)
+    moved = train(small_config(**{"run.steps": 4, **resumed}), tmp_path / "moved", mesh=mesh_of(second),
+                  progress=False)
     assert moved.first_step == 3
     records, reference = step_records(tmp_path / "moved"), step_records(tmp_path / "straight")
     for step in (3, 4):
         assert relative_error(records[step]["loss"], reference[step]["loss"]) < 1e-5
     assert_trees_close(final_params(tmp_path / "moved")[0], final_params(tmp_path / "straight")[0], 1e-4)
+
+
+@pytest.mark.parametrize("first, second", [("pipeline=2,data=4", "data=8"), ("data=8", "pipeline=2,data=4")])
+def test_checkpoints_move_between_pipeline_and_data_meshes(first, second, tmp_path, devices):
+    assert_moved_run_continues_the_straight_one(tmp_path, first, second)
 
 
 def stack_gathers(hlo: str, depth: int) -> list[Collective]:
@@ -186,11 +205,15 @@ def test_the_planner_prices_both_pipeline_gathers(pipeline_fsdp_gathers, devices
     assert priced[True].memory.total > priced[False].memory.total
 
 
-@pytest.mark.parametrize("gather_once", [True, False])
-def test_pipeline_with_fsdp_equals_the_plain_scan(gather_once, devices):
+def assert_pipeline_with_fsdp_equals_the_plain_scan(devices, **pipeline) -> None:
     plain = dataclasses.replace(BASE, depth=4, pipeline_repeats=2)
     reference = forward_and_grad(plain, make_mesh("data=1", devices=devices[:1]))
-    piped = dataclasses.replace(plain, pipeline_stages=2, pipeline_microbatches=4, pipeline_gather_once=gather_once)
+    piped = dataclasses.replace(plain, pipeline_stages=2, pipeline_microbatches=4, **pipeline)
     tokens, grads = forward_and_grad(piped, make_mesh("pipeline=2,fsdp=4"))
     assert_trees_close(tokens, reference[0], 1e-5)
     assert_trees_close(grads, reference[1], 1e-5)
+
+
+@pytest.mark.parametrize("gather_once", [True, False])
+def test_pipeline_with_fsdp_equals_the_plain_scan(gather_once, devices):
+    assert_pipeline_with_fsdp_equals_the_plain_scan(devices, pipeline_gather_once=gather_once)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from triskele.mesh.schedule import schedule_iterations
+from triskele.mesh.schedule import ring_slots, schedule_iterations
 from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MeshSpec
 
@@ -219,21 +219,21 @@ def step_memory(
     optimizer_moments: float = 2,
     records_alive: float | None = None,
     gather_once: bool = True,
+    bounded_pipeline: tuple[int, int] | None = None,
 ) -> StepMemory:
     """Parameters, gradients and Adam's moments in float32 as sharded; activations saved for the
     backward of the device's layers (with `remat`, only each block's input, plus one block's worth
     recomputed at a time; `dots` keeps the matmul outputs only). `records_alive`: records whose
     activations are kept at once (default the device's whole batch; gradient accumulation keeps one
     microbatch, a 1F1B pipeline the microbatches in flight). A pipeline that gathers its weights
-    once (`gather_once`) holds its stage's weights and their gradients whole over fsdp for the step."""
+    once (`gather_once`) holds its stage's weights and their gradients whole over fsdp for the step.
+    `bounded_pipeline`: (microbatches, repeats) of triskele's 1f1b schedule (`bounded_activations`)."""
     local = global_batch // mesh.batch_shards if records_alive is None else records_alive
-    images = local * shape.images_per_record
-    layers = shape.depth / mesh.pipeline
-    block = block_activation_elements(shape, images, mesh.tensor) * activation_bytes
-    block_input = images * shape.tokens * shape.width * activation_bytes
-    kept = {"none": block, "dots": dots_kept_bytes(shape, images, mesh.tensor, activation_bytes),
-            "full": block_input}[remat]
-    activations = layers * kept + (block if remat != "none" else 0.0)
+    if bounded_pipeline is not None and mesh.pipeline > 1:
+        activations = bounded_activations(shape, mesh, local, activation_bytes, remat, *bounded_pipeline)
+    else:
+        activations = _layer_activations(shape, local * shape.images_per_record, shape.depth / mesh.pipeline,
+                                         mesh.tensor, activation_bytes, remat)
     gathered = params.blocks_fsdp_gathered - params.blocks if gather_once and mesh.pipeline > 1 else 0.0
     return StepMemory(
         params=params.local + gathered,
@@ -241,6 +241,29 @@ def step_memory(
         optimizer=optimizer_moments * params.local,
         activations=activations,
     )
+
+
+def _layer_activations(shape: ModelShape, images: float, layers: float, tensor: int, activation_bytes: int,
+                       remat: str) -> float:
+    """What `layers` blocks keep for their backward under `remat`, plus one block recomputed at a time."""
+    block = block_activation_elements(shape, images, tensor) * activation_bytes
+    kept = {"none": block, "dots": dots_kept_bytes(shape, images, tensor, activation_bytes),
+            "full": images * shape.tokens * shape.width * activation_bytes}[remat]
+    return layers * kept + (block if remat != "none" else 0.0)
+
+
+def bounded_activations(shape: ModelShape, mesh: MeshSpec, records: float, activation_bytes: int, remat: str,
+                        microbatches: int, repeats: int) -> float:
+    """Activation bytes per device of triskele's 1f1b schedule (`triskele.mesh.pipeline_1f1b`): its
+    backward loop holds `ring_slots` stage inputs of one microbatch, one virtual stage's backward of
+    one microbatch (its layers under `remat`), and three whole-batch arrays of a stage input's size:
+    the pipeline's input (the custom VJP's residual), its output cotangent and the input cotangents
+    it collects."""
+    images = records * shape.images_per_record / microbatches
+    stage_input = images * shape.tokens * shape.width * activation_bytes
+    layers = shape.depth / (mesh.pipeline * repeats)
+    waiting = ring_slots(mesh.pipeline, repeats, microbatches) + 3 * microbatches
+    return waiting * stage_input + _layer_activations(shape, images, layers, mesh.tensor, activation_bytes, remat)
 
 
 def activation_traffic_bytes(shape: ModelShape, images: float, tensor: int = 1, activation_bytes: int = 2,

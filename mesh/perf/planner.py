@@ -77,9 +77,13 @@ class PlanInputs:
     axes: tuple[str, ...] = MESH_AXES
     """Axes the planner may use (the others stay 1), e.g. without `fsdp` for a framework that has none."""
     schedule: str = "circular"
-    """Pipeline schedule: `circular` (triskele's: every microbatch's activations kept until its
-    backward) or `1f1b` (Megatron-LM's, interleaved when repeats > 1: at most `pipeline`
-    microbatches in flight, no broadcast of finished outputs)."""
+    """Pipeline schedule (`pipeline.schedule`): `circular` (every microbatch's activations kept until
+    its backward) or `1f1b` (interleaved when repeats > 1: as triskele runs it, stage inputs in flight
+    kept and each stage recomputed, `formulas.bounded_activations`; with `megatron_1f1b`, as
+    Megatron-LM runs it: at most `pipeline` microbatches' activations in flight under the remat
+    policy, no broadcast of finished outputs)."""
+    megatron_1f1b: bool = False
+    """`schedule=1f1b` priced as Megatron-LM runs it (the published runs), not as triskele does."""
     remat_options: tuple[str, ...] = REMAT_ORDER
     optimizer_state: float = 2.0
     """Optimizer state per parameter byte (Adam's two moments in the parameters' dtype: 2)."""
@@ -191,11 +195,12 @@ def schedules(mesh: MeshSpec, inputs: PlanInputs) -> list[tuple[int, int]]:
 
 def records_alive(inputs: PlanInputs, mesh: MeshSpec, microbatches: int) -> float:
     """Records whose activations a device keeps at once: one accumulation microbatch; all of a
-    circular pipeline's microbatches; a 1F1B pipeline's microbatches in flight (at most `pipeline`)."""
+    circular pipeline's microbatches; Megatron-LM's 1F1B pipeline's microbatches in flight (at most
+    `pipeline`); triskele's 1f1b, the whole batch (its activations are `formulas.bounded_activations`)."""
     local = inputs.global_batch / mesh.batch_shards
     if mesh.pipeline == 1:
         return local / microbatches
-    if inputs.schedule == "1f1b":
+    if inputs.schedule == "1f1b" and inputs.megatron_1f1b:
         return local / microbatches * min(microbatches, mesh.pipeline)
     return local
 
@@ -222,8 +227,9 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
     shape, batch = inputs.shape, inputs.global_batch
     params = inputs.param_bytes(mesh)
     act = inputs.activation_bytes
+    bounded = (microbatches, repeats) if inputs.schedule == "1f1b" and not inputs.megatron_1f1b else None
     memory = step_memory(shape, mesh, batch, params, act, remat, inputs.optimizer_state,
-                         records_alive(inputs, mesh, microbatches), gather_once)
+                         records_alive(inputs, mesh, microbatches), gather_once, bounded)
     budget = (inputs.memory_bytes or inputs.gpu.memory_bytes) * USABLE_MEMORY
     flops = train_flops(shape, batch)
     peak = inputs.gpu.peak_flops[inputs.compute] * inputs.efficiency

@@ -77,7 +77,8 @@ def inputs_for(row: Row, gpus: int | None = None, efficiency: float | None = Non
     return PlanInputs(shape=shape, global_batch=row.batch, gpu=gpu, devices=gpus, nodes=max(1, gpus // 8),
                       nvlink_domain=8, efficiency=gpu.efficiency if efficiency is None else efficiency,
                       param_bytes=param_bytes(shape, 2.0), validate=validator(shape, row.batch), axes=axes,
-                      schedule="1f1b", remat_options=("full",), optimizer_state=6.0, probability_bytes=2)
+                      schedule="1f1b", megatron_1f1b=True, remat_options=("full",), optimizer_state=6.0,
+                      probability_bytes=2)
 
 
 def achieved_tflops(candidate: Candidate, inputs: PlanInputs) -> float:

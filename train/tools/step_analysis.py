@@ -55,8 +55,9 @@ def predict(parts: RunParts, mesh: Mesh | jax.sharding.AbstractMesh | None = Non
     act = activation_bytes(config.precision)
     collectives = step_collectives(shape, sizes, config.data.global_batch, params, act,
                                    pipeline.microbatches, pipeline.repeats, config.model.remat, pipeline.gather_once)
+    bounded = (pipeline.microbatches, pipeline.repeats) if pipeline.schedule == "1f1b" else None
     memory = step_memory(shape, sizes, config.data.global_batch, params, act, config.model.remat,
-                         gather_once=pipeline.gather_once)
+                         gather_once=pipeline.gather_once, bounded_pipeline=bounded)
     return Prediction(
         model_flops_per_device=flops.per_device(sizes),
         executed_flops_per_device=flops.executed_per_device(sizes, pipeline.microbatches, pipeline.repeats,
