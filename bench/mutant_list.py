@@ -39,6 +39,7 @@ ADMISSION = "tests/test_serve_admission.py"
 REQUESTS = "tests/test_serve_requests.py"
 FAULTS = "tests/test_faults.py"
 PIPELINE = "tests/test_pipeline.py"
+PIPELINE_1F1B = "tests/test_pipeline_1f1b.py"
 LAYOUTS = "tests/test_deepfake_layouts.py"
 LANDMARKS = "tests/test_landmarks.py"
 
@@ -104,8 +105,8 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{PIPELINE}::test_bubble_fraction_and_schedule_errors",),
            "the circular schedule counted v*M + P iterations: the bubble fraction and the scan length are off"),
     Mutant("pipeline-rotates-backwards", "mesh/pipeline.py", "rotate_stages",
-           "permutation = [(p, (p + 1) % stages) for p in range(stages)]",
-           "permutation = [(p, (p - 1) % stages) for p in range(stages)]",
+           "permutation = [(p, (p + shift) % stages) for p in range(stages)]",
+           "permutation = [(p, (p - shift) % stages) for p in range(stages)]",
            (f"{PIPELINE}::test_pipelined_encoder_equals_the_plain_scan[4-1-4-pipeline=4,tensor=2]",),
            "the collective-permute sends stage p's output to p - 1 (same as p + 1 on 2 stages: 4 are needed)"),
     Mutant("pipeline-repeat-sign", "mesh/pipeline.py", "circular_pipeline.iteration",
@@ -117,6 +118,17 @@ MUTANTS: tuple[Mutant, ...] = (
            'if mesh.empty or mesh.shape.get("fsdp", 1) == 1:', 'if mesh.empty or mesh.shape.get("fsdp", 1) >= 1:',
            (f"{PIPELINE}::test_pipeline_with_fsdp_gathers_each_stage_once_per_step",),
            "pipeline.gather_once gathers nothing before the loop: XLA gathers every layer in every iteration"),
+    Mutant("1f1b-cotangents-rotate-forward", "mesh/pipeline_1f1b.py", "_forward_and_backward.iteration",
+           "rotate_stages(h_cotangent, -1)", "rotate_stages(h_cotangent, 1)",
+           (f"{PIPELINE_1F1B}::test_1f1b_encoder_equals_the_plain_scan[4-1-4-pipeline=4,tensor=2]",),
+           "1f1b sends each stage's input cotangent to the next stage, not the previous one (the same on 2 "
+           "stages: 4 are needed)"),
+    Mutant("1f1b-ring-one-slot-short", "mesh/schedule.py", "ring_slots",
+           "return min(2 * repeats * stages - 1, repeats * microbatches)",
+           "return min(2 * repeats * stages - 2, repeats * microbatches)",
+           (f"{PIPELINE_1F1B}::test_every_microbatch_passes_each_virtual_stage_forward_then_backward_once[4-1-7]",),
+           "the 1f1b ring holds one stage input fewer than the first stage's wait: a later forward "
+           "overwrites the input a backward still needs"),
     # --- domain metrics -----------------------------------------------------------------------
     Mutant("mars-iou-union-double-counts", "train/domains/mars/metrics.py", "confusion_metrics",
            "union = truth + predicted - true_positive", "union = truth + predicted",
@@ -211,7 +223,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/test_mars_eval.py::test_predicted_masks_show_their_classes_and_overlays_are_enlarged",),
            "the mask writer swaps soil and sand"),
     # --- issue 38: breakages 1, 4, 6, 8, 9, 10, 11, 14 -------------------------------------------
-    Mutant("pipeline-layer-stack-replicated", "mesh/pipeline.py", "circular_pipeline",
+    Mutant("pipeline-layer-stack-replicated", "mesh/pipeline.py", "staged_weights",
            '"repeats", "stage", *([UNCONSTRAINED] * (w.ndim - 1))), layer_params)',
            '"repeats", None, *([UNCONSTRAINED] * (w.ndim - 1))), layer_params)',
            (f"{PIPELINE}::test_pipelined_step_permutes_activations_and_never_gathers_the_layer_stack",),
