@@ -101,7 +101,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "with a gallery index, predictions.csv's top1..top5 name the training classes, not the gallery's SKUs"),
     # --- pipeline schedule --------------------------------------------------------------------
     Mutant("schedule-one-iteration-more", "mesh/schedule.py", "schedule_iterations",
-           "return repeats * microbatches + stages - 1", "return repeats * microbatches + stages",
+           "forward = repeats * microbatches + stages - 1", "forward = repeats * microbatches + stages",
            (f"{PIPELINE}::test_bubble_fraction_and_schedule_errors",),
            "the circular schedule counted v*M + P iterations: the bubble fraction and the scan length are off"),
     Mutant("pipeline-rotates-backwards", "mesh/pipeline.py", "rotate_stages",

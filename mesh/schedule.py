@@ -35,7 +35,7 @@ def bubble_fraction(stages: int, repeats: int, microbatches: int, schedule: str 
     """Idle share of a stage's schedule. circular: (P - 1) / (v * M + P - 1). 1f1b: the idle
     iterations of both loops over all, a backward-loop iteration weighted as 1 + 1 + BACKWARD_FORWARDS
     forwards: ((P - 1) + 4 (v P + P - 2)) / ((v M + P - 1) + 4 (v M + v P + P - 2))."""
-    forward = repeats * microbatches + stages - 1
+    forward = schedule_iterations(stages, repeats, microbatches)
     if schedule == "circular":
         return (stages - 1) / forward
     weight = 2 + BACKWARD_FORWARDS
