@@ -88,6 +88,9 @@ class SkuRecognizer(nnx.Module):
         return {}, {"embedding": embedding, "top5": top5, **{k: batch[k] for k in keys}}
 
 
+SKU_CANDIDATES = 3
+"""The nearest SKUs evaluation keeps per detection (with their cosines): the alignment to the plan
+may read a facing as a planned SKU nearly as near as its nearest."""
 RECOGNITION_WEIGHT = 0.3
 """The CosFace loss's weight beside the detection loss (both summed per facing): detection first
 (at 0.1 the embedding trained too slowly: SKU top-1 0.42 after 500 steps of merch-shelf-tiny, 0.80
@@ -192,7 +195,9 @@ class FacingDetector(nnx.Module):
         truth = {"true_boxes": batch["boxes"], "box_valid": batch["box_valid"]}
         if self.recognises:
             cosine = served.pop("embedding") @ l2_normalize(self.centers[...].astype(jnp.float32), axis=0)
-            served.update(sku=jnp.argmax(cosine, -1), sku_cosine=jnp.max(cosine, -1))
+            top_cosine, top = jax.lax.top_k(cosine, min(SKU_CANDIDATES, cosine.shape[-1]))
+            served.update(sku=top[..., 0], sku_cosine=top_cosine[..., 0], sku_candidates=top,
+                          sku_candidate_cosines=top_cosine)
             truth["true_skus"] = batch["box_sku"]
         return {}, {**served, **truth}
 

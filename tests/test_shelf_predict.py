@@ -71,7 +71,30 @@ def test_facings_below_the_unknown_threshold_have_no_sku():
     gallery = (np.array([[1, 0], [0, 1]], np.float32), np.array(["cola", "soap"]))
     embeddings = np.array([[0.99, 0.14], [0.6, 0.8], [0.2, 0.98]], np.float32)
     assert recognise(embeddings, gallery, 0.9)[0] == ["cola", None, "soap"]
-    assert recognise(embeddings, None, 0.9) == ([None] * 3, [None] * 3)
+    assert recognise(embeddings, None, 0.9) == ([None] * 3, [None] * 3, [frozenset()] * 3)
+
+
+def test_a_facing_may_be_read_as_a_sku_nearly_as_near_as_its_nearest():
+    # Two references of soap (its nearer one counts), one of cola and one of tea.
+    gallery = (np.array([[1, 0, 0], [0, 1, 0], [0.6, 0.8, 0], [0, 0, 1]], np.float32),
+               np.array(["cola", "soap", "soap", "tea"]))
+    embeddings = np.array([[0.8, 0.6, 0], [0.66, 0.0, 0.75], [0.5, 0.1, 0.0]], np.float32)
+    names, cosines, accepts = recognise(embeddings, gallery, 0.55)
+    # Facing 0: soap's second reference 0.96, cola 0.8: beyond PLAN_MARGIN (0.1) of soap; facing 1:
+    # tea 0.75, cola 0.66 within it; facing 2: nearest cola at 0.5, below the unknown threshold.
+    assert names == ["soap", "tea", None] and cosines[0] == pytest.approx(0.96)
+    assert accepts == [frozenset({"soap"}), frozenset({"tea", "cola"}), frozenset()]
+
+
+def test_a_planned_sku_nearly_as_near_as_the_nearest_makes_the_facing_in_place():
+    boxes = np.array([[0, 0, 10, 20], [10, 0, 20, 20], [20, 0, 30, 20]], np.float32)
+    plan = [["cola", "cola", "cola"]]
+    report = shelf_report(boxes, np.full(3, 0.8), ["cola", "soap", "tea"], [0.9, 0.8, 0.8], plan,
+                          [frozenset({"cola"}), frozenset({"soap", "cola"}), frozenset({"tea"})])
+    assert [f["status"] for f in report["facings"]] == ["ok", "ok", "foreign"]
+    assert report["score"] == pytest.approx(2 / 3)
+    alone = shelf_report(boxes, np.full(3, 0.8), ["cola", "soap", "tea"], [0.9, 0.8, 0.8], plan)
+    assert [f["status"] for f in alone["facings"]] == ["ok", "foreign", "foreign"]
 
 
 def test_a_shelf_report_judges_each_facing_against_the_plan():

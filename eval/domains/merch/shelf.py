@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 from triskele.train.config import InputLimits
-from triskele.train.domains.merch.alignment import GAP_FILL, STATUSES, shelf_facings, shelf_report
+from triskele.train.domains.merch.alignment import GAP_FILL, STATUSES, near_skus, shelf_facings, shelf_report
 from triskele.train.domains.merch.data import EMPTY
 from triskele.train.domains.merch.tiles import merge_tiles, read_photo, tile_origins
 
@@ -55,16 +55,21 @@ def facings_of(outputs: dict[str, np.ndarray], height: int, width: int, tile: in
 
 
 def recognise(embeddings: np.ndarray | None, gallery: tuple[np.ndarray, np.ndarray] | None,
-              unknown: float) -> tuple[list[str | None], list[float | None]]:
-    """Each facing's SKU (None: unknown, below `unknown` or without a gallery) and its cosine."""
-    if embeddings is None or gallery is None or len(embeddings) == 0:
-        return [None] * (0 if embeddings is None else len(embeddings)), [None] * (0 if embeddings is None
-                                                                                 else len(embeddings))
-    similarity = embeddings @ gallery[0].T
-    best = np.argmax(similarity, axis=1)
-    cosine = similarity[np.arange(len(best)), best]
-    names = [str(gallery[1][b]) if c >= unknown else None for b, c in zip(best, cosine, strict=True)]
-    return names, [float(c) for c in cosine]
+              unknown: float) -> tuple[list[str | None], list[float | None], list[frozenset[str]]]:
+    """Each facing's SKU (None: unknown, below `unknown` or without a gallery), its cosine (to the
+    nearest reference), and the SKUs it may also be read as (`near_skus`, each SKU by its nearest
+    reference)."""
+    count = 0 if embeddings is None else len(embeddings)
+    if embeddings is None or gallery is None or count == 0:
+        return [None] * count, [None] * count, [frozenset()] * count
+    skus, group = np.unique(np.asarray(gallery[1]).astype(str), return_inverse=True)
+    order = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[order], np.arange(len(skus)))
+    per_sku = np.maximum.reduceat(embeddings @ gallery[0][order].T, starts, axis=1)  # (facings, SKUs)
+    best = np.argmax(per_sku, axis=1)
+    cosine = per_sku[np.arange(count), best]
+    names = [str(skus[b]) if c >= unknown else None for b, c in zip(best, cosine, strict=True)]
+    return names, [float(c) for c in cosine], near_skus(np.broadcast_to(skus, per_sku.shape), per_sku, unknown)
 
 
 def shelf_overlay(photo: Image.Image, report: dict[str, Any]) -> Image.Image:
@@ -156,9 +161,9 @@ class ShelfIO:
         rows and, with a planogram, the gaps, counts and score (`shelf_report`)."""
         height, width = context["size"]
         boxes, scores, embeddings = facings_of(outputs, height, width, self.tile, self.overlap, self.threshold)
-        skus, cosines = recognise(embeddings, self.gallery, self.unknown)
+        skus, cosines, accepts = recognise(embeddings, self.gallery, self.unknown)
         return {"photo": context["photo"], **shelf_report(boxes / self.scale, scores, skus, cosines,
-                                                          context["shelves"])}
+                                                          context["shelves"], accepts)}
 
     serving_inputs = {"planogram": ("BYTES", [-1])}
     """What the server takes beside each photo (`image`): its planogram, the `shelves` JSON (optional;

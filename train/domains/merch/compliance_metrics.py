@@ -1,6 +1,7 @@
 """Compliance judged on evaluation photos: each photo's planned facings given a status twice, from
 the detector's facings (`shelf_facings`, as predict finds them) and recognised SKUs, and from the
-true boxes and SKUs through the same rows and alignment (what perfect perception would report); per
+true boxes and SKUs through the same rows and alignment (what perfect perception would report; a
+found facing may be read as any of its nearest SKUs within `PLAN_MARGIN` of its nearest); per
 status the precision, recall and F1 of the first against the second over all planned facings, and
 the mean absolute error of the score."""
 
@@ -10,7 +11,7 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
-from triskele.train.domains.merch.alignment import shelf_facings, shelf_report
+from triskele.train.domains.merch.alignment import near_skus, shelf_facings, shelf_report
 
 JUDGED = ("ok", "misplaced", "foreign", "out_of_stock", "missing")
 """Statuses a planned facing can have (`extra` is a found facing's, with no planned place)."""
@@ -54,9 +55,14 @@ def compliance_scores(totals: dict, score_threshold: float, unknown: float) -> d
         truth = shelf_report(true_boxes, np.ones(len(true_boxes)), sku_names(totals["true_skus"][i][valid]),
                              [None] * len(true_boxes), shelves)
         keep = shelf_facings(totals["boxes"][i], totals["scores"][i], score_threshold)
+        accepts = None
+        if "sku_candidates" in totals:
+            candidates = totals["sku_candidates"][i][keep]
+            names = np.asarray(sku_names(candidates.reshape(-1)), object).reshape(candidates.shape)
+            accepts = near_skus(names, totals["sku_candidate_cosines"][i][keep], unknown)
         found = shelf_report(totals["boxes"][i][keep], totals["scores"][i][keep],
                              sku_names(totals["sku"][i][keep], totals["sku_cosine"][i][keep], unknown),
-                             [None] * len(keep), shelves)
+                             [None] * len(keep), shelves, accepts)
         truth_statuses.append(planned_statuses(truth))
         found_statuses.append(planned_statuses(found))
         errors.append(abs(found["score"] - truth["score"]))
