@@ -148,3 +148,22 @@ def test_predict_takes_a_less_certain_detection_in_a_shelf_gap_as_evaluation_doe
     assert scores.tolist() == pytest.approx([0.9, 0.8, 0.7, 0.6, 0.4])  # best first
     np.testing.assert_allclose(found[-1], [30, 0, 40, 30])
     assert embeddings.argmax(1).tolist() == [0, 1, 2, 3, 4]  # each with its own embedding
+
+
+def test_a_planned_facing_past_the_photos_edge_is_out_of_view_not_missing():
+    # One shelf planned a a b b; the photo (50 px wide) shows a b b from x = 2: no room for a facing
+    # left of the first (2 px < 0.6 x 10), so the first planned a is out of view.
+    plan = [["a", "a", "b", "b"]]
+    cut = np.array([[2, 0, 12, 20], [12, 0, 22, 20], [22, 0, 32, 20]], np.float32)
+    report = shelf_report(cut, np.full(3, 0.8), ["a", "b", "b"], [0.9] * 3, plan, width=50)
+    assert report["rows"][0]["planned"] == [None, "ok", "ok", "ok"] and report["planned"] == 3
+    assert report["counts"]["missing"] == 0 and report["score"] == 1.0
+    closed = shelf_report(cut, np.full(3, 0.8), ["a", "b", "b"], [0.9] * 3, plan)
+    assert closed["counts"]["missing"] == 1 and closed["score"] == pytest.approx(3 / 4)
+    # From x = 8 there is room for the missing a (8 px >= 6): it is missing.
+    room = cut + np.array([6, 0, 6, 0], np.float32)
+    assert shelf_report(room, np.full(3, 0.8), ["a", "b", "b"], [0.9] * 3, plan, width=50)["counts"]["missing"] == 1
+    # The right edge alike: a a b shown up to x = 49 of 50.
+    right = np.array([[19, 0, 29, 20], [29, 0, 39, 20], [39, 0, 49, 20]], np.float32)
+    report = shelf_report(right, np.full(3, 0.8), ["a", "a", "b"], [0.9] * 3, plan, width=50)
+    assert report["rows"][0]["planned"] == ["ok", "ok", "ok", None]

@@ -163,7 +163,7 @@ class ShelfIO:
         boxes, scores, embeddings = facings_of(outputs, height, width, self.tile, self.overlap, self.threshold)
         skus, cosines, accepts = recognise(embeddings, self.gallery, self.unknown)
         return {"photo": context["photo"], **shelf_report(boxes / self.scale, scores, skus, cosines,
-                                                          context["shelves"], accepts)}
+                                                          context["shelves"], accepts, width / self.scale)}
 
     serving_inputs = {"planogram": ("BYTES", [-1])}
     """What the server takes beside each photo (`image`): its planogram, the `shelves` JSON (optional;

@@ -119,6 +119,17 @@ def columns_of(row: Sequence[int], boxes: np.ndarray, skus: Sequence[str | None]
     return out
 
 
+def cut_sides(columns: Sequence[Column], width: float) -> tuple[bool, bool]:
+    """Whether the photo's edges cut a row of columns (left, right): no room for a facing between an
+    edge and its nearest column (less than OUT_OF_STOCK_WIDTH of that column's width), so the bay
+    may go on out of view, where a facing planned is not missing."""
+    if not columns:
+        return False, False
+    first, last = columns[0], columns[-1]
+    return (first.x1 < OUT_OF_STOCK_WIDTH * (first.x2 - first.x1),
+            width - last.x2 < OUT_OF_STOCK_WIDTH * (last.x2 - last.x1))
+
+
 def shelf_facings(boxes: np.ndarray, scores: np.ndarray, threshold: float) -> np.ndarray:
     """Indices of a photo's facings among its detections: those scoring `threshold` or more, and
     in each shelf gap they leave (`columns_of`) the best detection from GAP_FILL x `threshold` up
@@ -141,24 +152,33 @@ def shelf_facings(boxes: np.ndarray, scores: np.ndarray, threshold: float) -> np
     return np.sort(np.concatenate([kept, below[taken]]))
 
 
-def align(found: Sequence[str | None], planned: Sequence[str | None], partial: bool = False,
+Partial = bool | tuple[bool, bool]
+"""Whether the photo shows part of the bay: on both sides, or (left, right) each on its own."""
+
+
+def _sides(partial: Partial) -> tuple[bool, bool]:
+    return (partial, partial) if isinstance(partial, bool) else (bool(partial[0]), bool(partial[1]))
+
+
+def align(found: Sequence[str | None], planned: Sequence[str | None], partial: Partial = False,
           accepts: Sequence[frozenset[str]] | None = None) -> list[tuple[int | None, int | None]]:
     """Needleman-Wunsch of a row's found SKUs ("" a gap, None unrecognised) against its plan (None
     planned empty): pairs (found index, planned index), None for an unpaired side, left to right.
-    `partial`: the photo shows part of the bay, so planned facings before the first and after the
-    last found one cost nothing (semi-global). A pair scores MATCH for the planned SKU (the found
+    `partial`: the photo shows part of the bay, so planned facings before the first (left) and
+    after the last (right) found one cost nothing (semi-global). A pair scores MATCH for the planned SKU (the found
     one, or one of the found facing's `accepts`), GAP_FOR_PLANNED for a gap, MISMATCH otherwise."""
     accepts = accepts or [frozenset()] * len(found)
     score = lambda i, j: _pair_score(found[i], accepts[i], planned[j])
     n, m = len(found), len(planned)
     table = np.zeros((n + 1, m + 1))
     table[1:, 0] = SKIP * np.arange(1, n + 1)
-    table[0, 1:] = 0.0 if partial else SKIP * np.arange(1, m + 1)
+    left, right = _sides(partial)
+    table[0, 1:] = 0.0 if left else SKIP * np.arange(1, m + 1)
     for i in range(1, n + 1):
         for j in range(1, m + 1):
             table[i, j] = max(table[i - 1, j - 1] + score(i - 1, j - 1), table[i - 1, j] + SKIP,
                               table[i, j - 1] + SKIP)
-    j = int(np.argmax(table[n])) if partial else m  # trailing planned facings free when partial
+    j = int(np.argmax(table[n])) if right else m  # trailing planned facings free when open on the right
     pairs: list[tuple[int | None, int | None]] = [(None, k) for k in range(m - 1, j - 1, -1)]
     i = n
     while i > 0 or j > 0:
@@ -188,7 +208,7 @@ def _pair_score(found: str | None, accepts: frozenset[str], planned: str | None)
 
 
 def row_statuses(found: Sequence[str | None], planned: Sequence[str | None], plan_skus: set[str],
-                 partial: bool = False, accepts: Sequence[frozenset[str]] | None = None
+                 partial: Partial = False, accepts: Sequence[frozenset[str]] | None = None
                  ) -> tuple[list[str | None], list[str | None]]:
     """(a status per found column, a status per planned facing) of one aligned row. None: a shelf
     gap where nothing was planned, a planned empty, and (`partial`) a planned facing outside the
@@ -198,7 +218,8 @@ def row_statuses(found: Sequence[str | None], planned: Sequence[str | None], pla
     accepts = accepts or [frozenset()] * len(found)
     pairs = align(found, planned, partial, accepts)
     paired = [j for i, j in pairs if i is not None and j is not None]
-    shown = range(min(paired), max(paired) + 1) if partial and paired else range(len(planned))
+    left, right = _sides(partial)
+    shown = range(min(paired) if left and paired else 0, max(paired) + 1 if right and paired else len(planned))
     unplanned = lambda sku: None if sku == "" else ("extra" if sku in plan_skus else "foreign")
     for i, j in pairs:
         if i is None:
@@ -214,18 +235,21 @@ def row_statuses(found: Sequence[str | None], planned: Sequence[str | None], pla
 
 
 def compliance(found_rows: Sequence[Sequence[str | None]], shelves: Sequence[Sequence[str | None]],
-               partial: bool = False, accepts: Sequence[Sequence[frozenset[str]]] | None = None) -> dict:
+               partial: bool = False, accepts: Sequence[Sequence[frozenset[str]]] | None = None,
+               open_sides: Sequence[tuple[bool, bool]] | None = None) -> dict:
     """The whole photo: rows (top to bottom, found SKUs left to right) against the planned shelves,
     row r to shelf r (rows past the plan: every facing unplanned). Counts per status (a paired
     status counted once), the planned facings in view, the score, and each row's statuses.
-    `accepts`: per row, per found facing, the SKUs it may also be read as."""
+    `accepts`: per row, per found facing, the SKUs it may also be read as; `open_sides`: per row,
+    whether the photo cuts it (left, right), in place of `partial`."""
     plan_skus = {s for shelf in shelves for s in shelf if s is not None}
     counts = dict.fromkeys(STATUSES, 0)
     rows, planned_facings = [], 0
     for r in range(max(len(shelves), len(found_rows))):
         found = found_rows[r] if r < len(found_rows) else []
         also = accepts[r] if accepts is not None and r < len(accepts) else None
-        on_found, on_plan = row_statuses(found, shelves[r] if r < len(shelves) else [], plan_skus, partial, also)
+        sides = open_sides[r] if open_sides is not None and r < len(open_sides) else partial
+        on_found, on_plan = row_statuses(found, shelves[r] if r < len(shelves) else [], plan_skus, sides, also)
         for status in on_found + [s for s in on_plan if s == "missing"]:
             if status is not None:
                 counts[status] += 1
@@ -236,12 +260,13 @@ def compliance(found_rows: Sequence[Sequence[str | None]], shelves: Sequence[Seq
 
 
 def shelf_report(boxes: np.ndarray, scores: np.ndarray, skus: list[str | None], cosines: list[float | None],
-                 shelves: list[list[str | None]] | None,
-                 accepts: Sequence[frozenset[str]] | None = None) -> dict[str, Any]:
+                 shelves: list[list[str | None]] | None, accepts: Sequence[frozenset[str]] | None = None,
+                 width: float | None = None) -> dict[str, Any]:
     """The photo's report: every facing (box, SKU, confidence, similarity, row, status), and with a
     plan (`shelves`, None for planned empty) each shelf gap (box: its space between the columns, the
     row's height; row; status: `out_of_stock` where a facing was planned, None where none was), each
-    row's alignment, the status counts and the score."""
+    row's alignment, the status counts and the score. `width`: the photo's, whose edges may cut a
+    row (`cut_sides`): planned facings past a cut are out of view, not missing."""
     rows = group_rows(boxes)
     facings = [{"box": [round(float(v), 1) for v in boxes[i]], "sku": skus[i], "confidence": round(float(scores[i]), 4),
                 "similarity": None if cosines[i] is None else round(cosines[i], 4), "row": r, "status": None}
@@ -252,7 +277,8 @@ def shelf_report(boxes: np.ndarray, scores: np.ndarray, skus: list[str | None], 
         return report
     columns = [columns_of(row, boxes, skus, accepts) for row in rows]
     judged = compliance([[c.sku for c in row] for row in columns], shelves,
-                        accepts=[[c.accepts for c in row] for row in columns])
+                        accepts=[[c.accepts for c in row] for row in columns],
+                        open_sides=None if width is None else [cut_sides(row, width) for row in columns])
     gaps = []
     for r, (row, statuses) in enumerate(zip(columns, judged["rows"], strict=False)):
         top, bottom = float(boxes[rows[r], 1].min()), float(boxes[rows[r], 3].max())

@@ -45,15 +45,17 @@ def status_scores(truth: Sequence[Sequence[str | None]], found: Sequence[Sequenc
     return scores
 
 
-def compliance_scores(totals: dict, score_threshold: float, unknown: float) -> dict[str, float]:
-    """The per-status F1 and score_mae of an evaluation's totals (`planograms`: each photo's plan as JSON)."""
+def compliance_scores(totals: dict, score_threshold: float, unknown: float,
+                      width: float | None = None) -> dict[str, float]:
+    """The per-status F1 and score_mae of an evaluation's totals (`planograms`: each photo's plan as
+    JSON); `width`: the photos', whose edges may cut their rows (`shelf_report`)."""
     truth_statuses, found_statuses, errors = [], [], []
     for i, plan_json in enumerate(totals["planograms"]):
         shelves = [[str(s) if s is not None else None for s in shelf] for shelf in json.loads(str(plan_json))]
         valid = totals["box_valid"][i] > 0
         true_boxes = totals["true_boxes"][i][valid]
         truth = shelf_report(true_boxes, np.ones(len(true_boxes)), sku_names(totals["true_skus"][i][valid]),
-                             [None] * len(true_boxes), shelves)
+                             [None] * len(true_boxes), shelves, width=width)
         keep = shelf_facings(totals["boxes"][i], totals["scores"][i], score_threshold)
         accepts = None
         if "sku_candidates" in totals:
@@ -62,7 +64,7 @@ def compliance_scores(totals: dict, score_threshold: float, unknown: float) -> d
             accepts = near_skus(names, totals["sku_candidate_cosines"][i][keep], unknown)
         found = shelf_report(totals["boxes"][i][keep], totals["scores"][i][keep],
                              sku_names(totals["sku"][i][keep], totals["sku_cosine"][i][keep], unknown),
-                             [None] * len(keep), shelves, accepts)
+                             [None] * len(keep), shelves, accepts, width)
         truth_statuses.append(planned_statuses(truth))
         found_statuses.append(planned_statuses(found))
         errors.append(abs(found["score"] - truth["score"]))

@@ -117,7 +117,8 @@ class ShelfEvaluator(BatchEvaluator):
         if "planograms" in totals:
             unknown = self.parts.config.merch.unknown_threshold  # unset (training's val): its own choice
             unknown = scored["unknown_threshold"] if unknown is None else unknown
-            scored.update(compliance_metrics.compliance_scores(totals, threshold, unknown))
+            width = self.parts.config.model.image_size  # each record is a photo (or tile) of the input's size
+            scored.update(compliance_metrics.compliance_scores(totals, threshold, unknown, width))
         return scored
 
     def accumulate(self, params: Any, source: Source, stop: StopRequest | None = None) -> dict[str, Any]:
