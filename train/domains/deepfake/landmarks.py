@@ -37,6 +37,8 @@ def check_sbi_mask(name: str) -> str:
     if name not in SBI_MASKS:
         raise ValueError(f"config key 'deepfake.sbi_mask' is {name!r}; choose one of {', '.join(SBI_MASKS)}")
     return name
+
+
 _SAID: set[str] = set()
 
 
