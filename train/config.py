@@ -517,10 +517,23 @@ def _migrate(data: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _with_legacy_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's domain options that it lacks, as the domain's `legacy_defaults` give them
+    (its options resolved when a run starts: a saved config saved them, unless saved before them)."""
+    from triskele.train.domains import domains
+
+    name = data.get("domain", Config.domain)
+    domain = domains().get(name) if isinstance(name, str) else None
+    saved = data.get(name, {})
+    if domain is not None and domain.legacy_defaults and isinstance(saved, Mapping):
+        data[name] = {**domain.legacy_defaults, **saved}
+    return data
+
+
 def config_from_dict(data: Mapping[str, Any]) -> Config:
     """Rebuilds a saved config (config.json, or the copy inside a checkpoint), from before the domain
     options moved out of `data` too."""
-    data = _migrate(data)
+    data = _with_legacy_defaults(_migrate(data))
     config = Config()
     if "domain" in data:
         _apply(config, "domain", data["domain"])

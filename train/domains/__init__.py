@@ -80,6 +80,9 @@ class Domain:
     left unset (None), one takes the value of the metric of its name that the run's evaluation of
     the checkpoint's step (on `data.eval_split`, val) logged, when the checkpoint is read for
     evaluation, prediction, export or quantization; never one chosen on the split being scored."""
+    legacy_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Its options that a run resolves when it starts (`resolve`, from None) with the value a config
+    saved before the option existed reads as: the behaviour of the runs that saved it."""
     clips: bool = False
     """Its models take clips of `model.frames` images per record (a video model) when frames > 1."""
     prepare: Command | None = None

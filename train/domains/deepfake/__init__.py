@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from triskele.train.commands import Flag
 from triskele.train.data.splits import check_split
 from triskele.train.domains import Domain, Later, register
+from triskele.train.domains.deepfake.crops import OLD_RUNS
 from triskele.train.domains.deepfake.prepare import PREPARE
 
 if TYPE_CHECKING:
@@ -37,6 +38,12 @@ class DeepfakeOptions:
     convex hull where `prepare` stored them (the landmarks extra), else the ellipse inscribed in its
     face box, and a synthetic face's drawn oval; `ellipse` never the hull; `hull` always (a synthetic
     face's drawn landmarks; a crop without landmarks is an error)."""
+    face_crops: str | None = None
+    """How the faces the run trains on were cropped, which predict and serve then crop videos by:
+    `aligned` on 5 landmarks (the landmarks extra) or `box` (the face box enlarged 1.3x). None when
+    a run starts: the prepared data's (its manifest.json; box where none says), the synthetic
+    renders' (aligned: `crops.SYNTHETIC`); a run saved before the key has box crops. A record of
+    the data, not a choice of it: a relaunch may change it (a run saved before it resumes)."""
     layout: str = "auto"
     """The on-disk data's layout (`triskele.train.domains.deepfake.layouts`: ffpp, celeb-df, dfdc,
     dfdcp, uadfv, generic, deepfakebench); `auto` detects it."""
@@ -50,7 +57,8 @@ FAKES = ("sbi", "supervised")
 
 
 def resolve(config) -> None:
-    """Refuses options that name nothing, when a run starts."""
+    """Refuses options that name nothing and records the run's face crops, when a run starts."""
+    from triskele.train.domains.deepfake.crops import check_face_crops, training_crops
     from triskele.train.domains.deepfake.data import FAMILIES
     from triskele.train.domains.deepfake.landmarks import check_sbi_mask
     from triskele.train.domains.deepfake.layouts import check_layout_name
@@ -60,6 +68,9 @@ def resolve(config) -> None:
         raise ValueError(f"config key 'deepfake.fakes' is {options.fakes!r}; choose one of {', '.join(FAKES)}")
     check_layout_name(options.layout)
     check_sbi_mask(options.sbi_mask)
+    if options.face_crops is None:
+        options.face_crops = training_crops(config.data.path)
+    check_face_crops(options.face_crops)
     if options.holdout is not None and not config.data.path and options.holdout not in FAMILIES:
         raise ValueError(f"config key 'deepfake.holdout' is {options.holdout!r}; the synthetic training families "
                          f"are {', '.join(FAMILIES)}")
@@ -80,7 +91,7 @@ def open_split(config, split: str) -> Source:
         source = FaceFrames(config.data.path, split, config.model.image_size, options.frames_per_video, frames,
                             methods=chosen, exclude=holdout, compression=options.compression, reals_only=self_blended,
                             val_fraction=config.data.val_fraction, limits=config.limits, layout=options.layout,
-                            sbi_mask=options.sbi_mask)
+                            sbi_mask=options.sbi_mask, face_crops=options.face_crops)
         if jax.process_index() == 0:
             print(source.report(), flush=True)
     else:
@@ -120,5 +131,6 @@ DEEPFAKE = register(Domain(
     predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),
                    Flag("--frames-per-video", "frames sampled per video or folder of crops (default 32, "
                         "DeepfakeBench's, whatever the run trained on)", type=int, metavar="N")),
-    resume_options=("eval_methods",), clips=True, prepare=PREPARE,
+    resume_options=("eval_methods", "face_crops"), legacy_defaults={"face_crops": OLD_RUNS}, clips=True,
+    prepare=PREPARE,
 ))
