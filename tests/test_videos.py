@@ -32,7 +32,7 @@ pytestmark = pytest.mark.xdist_group("videos")  # one prepared tree and run shar
 def test_a_pan_over_a_photograph_finds_the_face_in_nearly_every_frame(tmp_path):
     path = write_video(tmp_path / "pan.mp4", pan(40))
     assert count_frames(path) == 40
-    faces = video_faces(path, 32)
+    faces = video_faces(path, 32, crops="box")
     assert faces.frames_sampled == 32 and len(faces.crops) >= 30, faces.left_out
     width = FACE[2] - FACE[0]
     offsets = pan_offsets(40)
@@ -44,16 +44,16 @@ def test_a_pan_over_a_photograph_finds_the_face_in_nearly_every_frame(tmp_path):
 
 
 def test_the_zoom_keeps_the_face_and_covered_frames_are_counted_out(tmp_path):
-    zoomed = video_faces(write_video(tmp_path / "zoom.mp4", zoom(24)), 24)
+    zoomed = video_faces(write_video(tmp_path / "zoom.mp4", zoom(24)), 24, crops="box")
     assert len(zoomed.crops) >= 22, zoomed.left_out
-    covered = video_faces(write_video(tmp_path / "covered.mp4", pan(40, covered=range(10, 20))), 40)
+    covered = video_faces(write_video(tmp_path / "covered.mp4", pan(40, covered=range(10, 20))), 40, crops="box")
     assert set(range(10, 20)) <= set(covered.left_out) and all(covered.left_out[i] == "no face"
                                                                 for i in range(10, 20))
     assert len(covered.crops) >= 28
 
 
 def test_a_passer_by_does_not_switch_the_identity(tmp_path):
-    faces = video_faces(write_video(tmp_path / "crowd.mp4", pan(30, second_face=range(5, 25))), 30)
+    faces = video_faces(write_video(tmp_path / "crowd.mp4", pan(30, second_face=range(5, 25))), 30, crops="box")
     offsets = pan_offsets(30)
     for index, box in zip(faces.indices, faces.boxes, strict=True):
         known = face_centre(offsets[index])
@@ -63,7 +63,7 @@ def test_a_passer_by_does_not_switch_the_identity(tmp_path):
 def test_a_face_moving_most_of_its_width_between_samples_keeps_every_sampled_frame(tmp_path):
     """Issue 32: 8 samples of a 40-frame 854x480 pan at 9 px a frame (the face, 87 px wide, moves
     about 50 px between samples: IoU 0.29) gave one face of 8 when tracks were linked by IoU."""
-    faces = video_faces(write_video(tmp_path / "slide.mp4", slide(40, 9)), 8)
+    faces = video_faces(write_video(tmp_path / "slide.mp4", slide(40, 9)), 8, crops="box")
     assert faces.frames_sampled == 8 and len(faces.crops) == 8, faces.left_out
     for index, box in zip(faces.indices, faces.boxes, strict=True):
         known = face_centre((-9 * index, 0))

@@ -32,22 +32,25 @@ class _Found:
 
 
 class DeepfakeIO:
-    """Inputs are videos: a video file (.mp4 .avi .mov .mkv .webm), whose faces are found as
-    DeepfakeBench finds them (`triskele.train.domains.deepfake.faces`), or a folder of face crops (frames
-    directly under the input root form one video named after the root). The frame model scores
-    `frames_per_video` frames (default `PREDICT_FRAMES_PER_VIDEO`) sampled uniformly and a video
-    gets their mean; the video model scores one clip of `model.frames` of them. `videos.csv`
-    (video, frames_sampled, faces_found, records, fake_probability, reason: why a video has no
-    score) and, for the frame model, `frames.csv` (per frame, with the face box); `save_faces`
-    keeps the crops. Videos and crops are read within `limits` (frame size and count from a
-    video's header, pixels from a crop's)."""
+    """Inputs are videos: a video file (.mp4 .avi .mov .mkv .webm), whose faces are found as DeepfakeBench
+    finds them (`triskele.train.domains.deepfake.faces`) and cropped as the run's were
+    (`meta["options"]["face_crops"]`: aligned on 5 landmarks, or the box; never by what is installed),
+    or a folder of face crops, read as they are (frames directly under the input root form one video
+    named after the root). The frame model scores `frames_per_video` frames (default
+    `PREDICT_FRAMES_PER_VIDEO`) sampled uniformly and a video gets their mean; the video model scores
+    one clip of `model.frames` of them. `videos.csv` (video, frames_sampled, faces_found, records,
+    fake_probability, reason: why a video has no score) and, for the frame model, `frames.csv` (per
+    frame, with the face box); `save_faces` keeps the crops. Videos and crops are read within `limits`
+    (frame size and count from a video's header, pixels from a crop's)."""
 
     def __init__(self, meta: dict[str, Any], save_faces: Path | None = None, limits: InputLimits | None = None,
                  frames_per_video: int | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
+        from triskele.train.domains.deepfake.crops import run_crops
         from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
         self.size, self.clip = meta["image_size"], meta["frames"]
+        self.crops = run_crops(meta["options"])
         self.per_video = frames_per_video or PREDICT_FRAMES_PER_VIDEO
         if self.per_video < self.clip:
             raise ValueError(f"--frames-per-video {self.per_video} is below the {self.clip} frames of the video "
@@ -108,7 +111,7 @@ class DeepfakeIO:
         from triskele.train.domains.deepfake.faces import video_faces
 
         try:
-            faces = video_faces(path, self.per_video, limits=self.limits)
+            faces = video_faces(path, self.per_video, limits=self.limits, crops=self.crops)
         except ValueError as err:
             raise ValueError(str(err).replace(str(path), name)) from None
         records, found = self._records(faces.crops, [f"{i:06d}" for i in faces.indices],
@@ -179,5 +182,14 @@ def video_probability(outputs: dict[str, np.ndarray]) -> float | None:
 
 def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> DeepfakeIO:
     """`options`: the deepfake predict flags given (`save_faces`, `frames_per_video`);
-    `meta['limits']`: the input limits (default `InputLimits()`)."""
-    return DeepfakeIO(meta, **options, limits=meta.get("limits"))
+    `meta['limits']`: the input limits (default `InputLimits()`). A run whose crops are aligned is
+    refused here, before any input is read, where the landmarks extra is not installed."""
+    from triskele.eval.model import describe_model
+    from triskele.train.domains.deepfake.crops import ALIGNED, check_aligner
+
+    io = DeepfakeIO(meta, **options, limits=meta.get("limits"))
+    if io.crops == ALIGNED:
+        run = f"the run {workdir}" if workdir else describe_model(meta.get("identity"))
+        check_aligner(f"{run} was trained on face crops aligned on 5 landmarks (deepfake.face_crops=aligned), "
+                      "and its videos' faces are cropped so")
+    return io

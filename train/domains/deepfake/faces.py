@@ -2,9 +2,9 @@
 followed through a video as the largest track (boxes of sampled frames linked by how far the face
 moved for its size, so a face that moves between sparse samples stays one track and a passer-by
 does not switch the identity), the box enlarged 1.3x about its centre, made square, clipped to the
-frame and resized. With the landmarks extra, the face's 68 landmarks are found in its box and the
-crop is aligned on 5 of them instead (`align`), the landmarks kept in the crop's pixels. A frame
-without the tracked face is counted and left out, with its reason."""
+frame and resized; or, for aligned crops (`crops`: the landmarks extra), the face's 68 landmarks
+found in its box and the crop aligned on 5 of them (`align`), the landmarks kept in the crop's
+pixels. A frame without the tracked face is counted and left out, with its reason."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import numpy as np
 from PIL import Image
 from triskele.train.config import InputLimits
 from triskele.train.domains.deepfake.align import aligned_crop
-from triskele.train.domains.deepfake.landmarks import face_landmarks
+from triskele.train.domains.deepfake.crops import BOX, check_face_crops
+from triskele.train.domains.deepfake.landmarks import INSTALL, face_landmarks
 
 ENLARGE = 1.3
 TRACK_REACH = 1.0
@@ -106,12 +107,14 @@ def crop_face(frame: np.ndarray, box: Box, size: int = CROP_SIZE) -> np.ndarray:
     return np.asarray(Image.fromarray(frame[top:bottom, left:right]).resize((size, size), Image.BILINEAR))
 
 
-def face_crop(frame: np.ndarray, box: Box, size: int = CROP_SIZE) -> tuple[np.ndarray, np.ndarray | None]:
-    """(crop, its 68 landmarks in the crop's pixels) of the face in `box`: aligned on 5 landmarks
-    with the landmarks extra, else `crop_face` and None."""
+def face_crop(frame: np.ndarray, box: Box, size: int, crops: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(crop, its 68 landmarks in the crop's pixels) of the face in `box`: `crops` box, `crop_face`
+    and None; aligned, aligned on 5 landmarks (a ValueError without the landmarks extra)."""
+    if check_face_crops(crops) == BOX:
+        return crop_face(frame, box, size), None
     landmarks = face_landmarks(frame, box)
     if landmarks is None:
-        return crop_face(frame, box, size), None
+        raise ValueError(f"aligned face crops need the landmarks extra, which is not installed: {INSTALL}")
     return aligned_crop(frame, landmarks, size, ENLARGE)
 
 
@@ -133,22 +136,24 @@ class VideoFaces:
         return None if self.crops else f"no face in any of {self.frames_sampled} sampled frames"
 
 
-def _faces_in(frame: np.ndarray, size: int) -> tuple[list[Box], dict[Box, tuple] | np.ndarray]:
+def _faces_in(frame: np.ndarray, size: int, crops: str) -> tuple[list[Box], dict[Box, tuple] | np.ndarray]:
     """A sampled frame's face boxes and what is kept of it until the track is known: each box's
     `face_crop`, or the frame itself where its crops would outweigh it (a crowd)."""
     boxes = detect_faces(frame)
     if len(boxes) * size * size > frame.shape[0] * frame.shape[1]:
         return boxes, frame
-    return boxes, {box: face_crop(frame, box, size) for box in boxes}
+    return boxes, {box: face_crop(frame, box, size, crops) for box in boxes}
 
 
-def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLimits | None = None) -> VideoFaces:
+def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLimits | None = None, *,
+                crops: str) -> VideoFaces:
     """`frames` frames sampled uniformly over the decoded ones (the video read within `limits`),
-    the largest face track cropped. Each frame's faces are found as it is decoded, so what is held
-    per sampled frame is its face crops or, if smaller, the frame."""
+    the largest face track cropped by the method `crops` (`crops.FACE_CROPS`). Each frame's faces
+    are found as it is decoded, so what is held per sampled frame is its face crops or, if smaller,
+    the frame."""
     from triskele.train.domains.deepfake.video import sample_frames
 
-    indices, found, total = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size))
+    indices, found, total = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size, crops))
     track = largest_track([boxes for boxes, _ in found])
     faces = VideoFaces(total, len(found), [], [], [], {}, [])
     for index, (boxes, kept), box in zip(indices, found, track, strict=True):
@@ -157,7 +162,7 @@ def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLim
             continue
         faces.indices.append(index)
         faces.boxes.append(box)
-        crop, landmarks = kept[box] if isinstance(kept, dict) else face_crop(kept, box, size)
+        crop, landmarks = kept[box] if isinstance(kept, dict) else face_crop(kept, box, size, crops)
         faces.crops.append(crop)
         faces.landmarks.append(landmarks)
     return faces

