@@ -42,6 +42,7 @@ PIPELINE = "tests/test_pipeline.py"
 PIPELINE_1F1B = "tests/test_pipeline_1f1b.py"
 LAYOUTS = "tests/test_deepfake_layouts.py"
 LANDMARKS = "tests/test_landmarks.py"
+CROPS = "tests/test_face_crops.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- restore / resume ---------------------------------------------------------------------
@@ -511,4 +512,9 @@ MUTANTS: tuple[Mutant, ...] = (
            'points = None if self.sbi_mask == "ellipse" else read_landmarks(stored)', "points = None",
            (f"{LANDMARKS}::test_prepare_stores_dlibs_68_landmarks_on_the_face_and_sbi_masks_their_hull",),
            "SBI's mask stays the inscribed ellipse on crops whose landmarks prepare stored, not their hull"),
+    Mutant("predict-crops-ignore-the-run", "eval/domains/deepfake.py", "DeepfakeIO.__init__",
+           'self.crops = run_crops(meta["options"])', 'self.crops = "aligned"',
+           (f"{CROPS}::test_a_box_run_predicts_on_box_crops_with_the_extra_installed",),
+           "predict aligns every run's video faces, as it did wherever the landmarks extra was installed: a box run "
+           "(or one saved before deepfake.face_crops) scores crops unlike those it trained on"),
 )
