@@ -1,8 +1,9 @@
 """A run's face crops are the run's (`deepfake.face_crops`), never the machine's: training records
-the method of its faces (a prepared tree's manifest, the synthetic renders' aligned), a run saved
+the method of its faces (a prepared tree's manifest, the synthetic renders' auto), a run saved
 before the key reads as box, predict crops videos the run's way (a box run never aligns, even with
 the landmarks extra installed; an aligned run without the extra is refused before any input is
-read), and a prepared tree mixing both methods is refused."""
+read; a synthetic run aligns with the extra and crops by the box without it), and a prepared tree
+mixing both methods is refused."""
 
 import csv
 import json
@@ -34,10 +35,10 @@ FRAMES = 3
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A one-step synthetic run: its faces are the synthetic renders, recorded as aligned."""
+    """A one-step synthetic run: its faces are the synthetic renders, recorded as auto."""
     workdir = train_small(tmp_path_factory.mktemp("run"), "deepfake-tiny", "single", **{
         "run.steps": 1, "deepfake.frames_per_video": 2, "data.global_batch": 8, "data.train_size": 16})
-    assert json.loads((workdir / "config.json").read_text())["deepfake"]["face_crops"] == "aligned"
+    assert json.loads((workdir / "config.json").read_text())["deepfake"]["face_crops"] == "auto"
     return workdir
 
 
@@ -80,19 +81,32 @@ def test_a_box_run_predicts_on_box_crops_with_the_extra_installed(run, video, tm
 
 
 @pytest.mark.skipif(lm.predictor_path() is None, reason=f"needs the landmarks extra: {lm.INSTALL}")
-def test_the_aligned_run_predicts_on_crops_other_than_the_box(run, video, tmp_path):
+@pytest.mark.parametrize("face_crops", ["aligned", "auto"])
+def test_aligned_and_synthetic_runs_predict_on_aligned_crops_with_the_extra(run, video, tmp_path, face_crops):
     """The control: the same video, box and frame, but aligned on its landmarks."""
-    for crop, box, frame in predicted_faces(run, video, tmp_path):
+    workdir, _ = run_saved_with(run, tmp_path / "run", face_crops)
+    for crop, box, frame in predicted_faces(workdir, video, tmp_path):
         assert np.abs(crop.astype(float) - crop_face(frame, box)).mean() > 20
 
 
-def test_an_aligned_run_without_the_extra_is_refused_before_reading_any_input(run, video, tmp_path, monkeypatch):
+def without_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, lm.PACKAGE, None)  # as if face-recognition-models were not installed
     monkeypatch.setattr(lm, "_LOCAL", type(lm._LOCAL)())
-    with pytest.raises(ValueError, match=rf"the run {run} was trained on face crops aligned on 5 landmarks "
+
+
+def test_a_synthetic_run_without_the_extra_predicts_on_box_crops(run, video, tmp_path, monkeypatch):
+    without_the_extra(monkeypatch)
+    for crop, box, frame in predicted_faces(run, video, tmp_path):
+        np.testing.assert_array_equal(crop, crop_face(frame, box))
+
+
+def test_an_aligned_run_without_the_extra_is_refused_before_reading_any_input(run, video, tmp_path, monkeypatch):
+    workdir, _ = run_saved_with(run, tmp_path / "run", "aligned")
+    without_the_extra(monkeypatch)
+    with pytest.raises(ValueError, match=rf"the run {workdir} was trained on face crops aligned on 5 landmarks "
                                          r"\(deepfake.face_crops=aligned\).*landmarks extra.*not installed: "
                                          r"pip install -e '\.\[landmarks\]'"):
-        predict(run, video.parent, tmp_path / "predicted", progress=False)
+        predict(workdir, video.parent, tmp_path / "predicted", progress=False)
     assert not (tmp_path / "predicted").exists()
 
 
@@ -101,7 +115,7 @@ def test_a_run_saved_before_the_key_reads_as_box_and_resumes_recording_its_data(
     before = json.loads(json.dumps(now))
     del before["deepfake"]["face_crops"]
     assert config_from_dict(before).deepfake.face_crops == "box"
-    assert changed_keys(before, config_from_dict(now)) == []  # a record of the data: the relaunch records aligned
+    assert changed_keys(before, config_from_dict(now)) == []  # a record of the data: the relaunch records auto
 
 
 def _manifest(tree, *entries):
@@ -121,7 +135,7 @@ def test_training_records_the_crops_of_its_data_and_a_tree_mixing_both_is_refuse
     box = {"video": "fake/001.mp4", "frames_written": 2, "crops": "box"}
     older = {"video": "real/002.mp4", "frames_written": 2, "landmarks_written": 0}  # before prepare said its crops
     unread = {"video": "fake/003.mp4", "error": "cannot read video"}
-    assert _resolved() == "aligned"  # synthetic
+    assert _resolved() == "auto"  # synthetic
     assert _resolved(_manifest(tmp_path / "a", aligned, unread)) == "aligned"
     assert _resolved(_manifest(tmp_path / "b", box, older)) == "box"
     assert _resolved(tmp_path) == "box"  # no manifest says

@@ -46,11 +46,11 @@ class DeepfakeIO:
     def __init__(self, meta: dict[str, Any], save_faces: Path | None = None, limits: InputLimits | None = None,
                  frames_per_video: int | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
-        from triskele.train.domains.deepfake.crops import run_crops
+        from triskele.train.domains.deepfake.crops import run_crops, usable_crops
         from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
 
         self.size, self.clip = meta["image_size"], meta["frames"]
-        self.crops = run_crops(meta["options"])
+        self.crops = usable_crops(run_crops(meta["options"]))
         self.per_video = frames_per_video or PREDICT_FRAMES_PER_VIDEO
         if self.per_video < self.clip:
             raise ValueError(f"--frames-per-video {self.per_video} is below the {self.clip} frames of the video "
@@ -185,10 +185,10 @@ def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | No
     `meta['limits']`: the input limits (default `InputLimits()`). A run whose crops are aligned is
     refused here, before any input is read, where the landmarks extra is not installed."""
     from triskele.eval.model import describe_model
-    from triskele.train.domains.deepfake.crops import ALIGNED, check_aligner
+    from triskele.train.domains.deepfake.crops import ALIGNED, check_aligner, run_crops
 
     io = DeepfakeIO(meta, **options, limits=meta.get("limits"))
-    if io.crops == ALIGNED:
+    if run_crops(meta["options"]) == ALIGNED:
         run = f"the run {workdir}" if workdir else describe_model(meta.get("identity"))
         check_aligner(f"{run} was trained on face crops aligned on 5 landmarks (deepfake.face_crops=aligned), "
                       "and its videos' faces are cropped so")

@@ -40,9 +40,10 @@ class DeepfakeOptions:
     face's drawn landmarks; a crop without landmarks is an error)."""
     face_crops: str | None = None
     """How the faces the run trains on were cropped, which predict and serve then crop videos by:
-    `aligned` on 5 landmarks (the landmarks extra) or `box` (the face box enlarged 1.3x). None when
-    a run starts: the prepared data's (its manifest.json; box where none says), the synthetic
-    renders' (aligned: `crops.SYNTHETIC`); a run saved before the key has box crops. A record of
+    `aligned` on 5 landmarks (the landmarks extra) or `box` (the face box enlarged 1.3x); `auto`
+    for the synthetic renders (`crops.SYNTHETIC`: aligned where the extra is installed, else box).
+    None when a run starts: the prepared data's (its manifest.json; box where none says), or auto
+    for synthetic data; a run saved before the key has box crops. A record of
     the data, not a choice of it: a relaunch may change it (a run saved before it resumes)."""
     layout: str = "auto"
     """The on-disk data's layout (`triskele.train.domains.deepfake.layouts`: ffpp, celeb-df, dfdc,

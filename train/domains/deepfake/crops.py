@@ -1,8 +1,9 @@
 """How a run's faces are cropped, a property of the run (`deepfake.face_crops`), never of the machine
 it runs on: `aligned` on 5 landmarks (`align`; needs the landmarks extra) or `box`, the detector's
-box enlarged 1.3x (`faces.crop_face`). Training records the method of the faces it trains on (a
-prepared tree's, from its manifest.json, or the synthetic renders'); predict and serve crop videos
-the run's way, and evaluation refuses a prepared tree cropped the other way."""
+box enlarged 1.3x (`faces.crop_face`); `auto` for a run on the synthetic renders, which were cropped
+by neither (`SYNTHETIC`). Training records the method of the faces it trains on (a prepared tree's,
+from its manifest.json, or the synthetic renders'); predict and serve crop videos the run's way,
+and evaluation refuses a prepared tree cropped the other way."""
 
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from triskele.train.domains.deepfake.landmarks import INSTALL, landmark_predictor, predictor_path
+from triskele.train.domains.deepfake.landmarks import INSTALL, landmark_predictor, predictor_path, say_once
 
-ALIGNED, BOX = "aligned", "box"
-FACE_CROPS = (ALIGNED, BOX)
+ALIGNED, BOX, AUTO = "aligned", "box", "auto"
+FACE_CROPS = (ALIGNED, BOX, AUTO)
 OLD_RUNS = BOX
 """The method of a run saved before `deepfake.face_crops` existed: box crops, all there was before
 the landmarks extra."""
-SYNTHETIC = ALIGNED
-"""Synthetic faces are framed as aligned crops are: the similarity that takes a drawn face's 5
+SYNTHETIC = AUTO
+"""Synthetic faces were cropped by neither method, and are framed as aligned crops are, so a run on
+them crops videos aligned where the landmarks extra is installed and by the box where it is not
+(as before the extra; `usable_crops` says so once): the similarity that takes a drawn face's 5
 alignment points onto `align.alignment_template(256, 1.3)` scales by 0.985 (sd 0.048 over 200
 identities), the points lying 0.048 of the side from the template as drawn, where dlib's points on
 the test photograph's face in its 1.3x box crop need a scale of 0.643 and lie 0.149 away. As
@@ -81,6 +84,18 @@ def check_aligner(asked: str) -> None:
         raise ValueError(f"{asked}; aligning needs the landmarks extra (dlib's 68-point landmark model), which is "
                          f"not installed: {INSTALL}")
     landmark_predictor()
+
+
+def usable_crops(method: str) -> str:
+    """The method videos are cropped by for a run of `method`: `auto`, aligned where the landmarks
+    extra is installed, else box (said once); the others as they are."""
+    if method != AUTO:
+        return method
+    if predictor_path() is not None:
+        return ALIGNED
+    say_once("face crops: this run trained on synthetic faces (deepfake.face_crops=auto); without the landmarks "
+             f"extra its videos' faces are cropped by the detector's box, not aligned ({INSTALL} to align them)")
+    return BOX
 
 
 def run_crops(options: Mapping[str, Any]) -> str:

@@ -25,7 +25,7 @@ from triskele.train.config import InputLimits
 from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_image
 from triskele.train.data.pipeline import RecordCache
 from triskele.train.data.splits import check_split
-from triskele.train.domains.deepfake.crops import MANIFEST, prepared_crops
+from triskele.train.domains.deepfake.crops import MANIFEST, SYNTHETIC, prepared_crops
 from triskele.train.domains.deepfake.drawn_landmarks import drawn_landmarks
 from triskele.train.domains.deepfake.faces import crop_face_region
 from triskele.train.domains.deepfake.landmarks import (
@@ -381,8 +381,9 @@ class FaceFrames:
     `Celeb-synthesis`, ...; `fake` for the generic layout). `reals_only` reads the real videos alone
     (for self-blended training, whose face region `sbi_mask` chooses, `landmarks.SBI_MASKS`: a crop's
     stored landmarks' hull, or `crop_face_region`). Frames are read within `limits`. `face_crops`,
-    the run's method (`crops.FACE_CROPS`), must be the tree's where its manifest.json names one; a
-    tree whose manifest mixes both is refused whatever the run.
+    the run's method (`crops.FACE_CROPS`), must be the tree's where its manifest.json names one (a
+    run on synthetic faces, cropped by neither, scores either); a tree whose manifest mixes both is
+    refused whatever the run.
     """
 
     def __init__(self, root: str | Path, split: str, image_size: int, frames_per_video: int,
@@ -397,7 +398,7 @@ class FaceFrames:
         if not self.root.is_dir() and not (self.root.is_file() and self.root.suffix.lower() == ".json"):
             raise ValueError(f"data.path {str(self.root)!r} is not a folder (nor a DeepfakeBench dataset JSON)")
         self.face_crops = prepared_crops(self.root) if self.root.is_dir() else None
-        if face_crops is not None and self.face_crops not in (None, face_crops):
+        if face_crops not in (None, SYNTHETIC) and self.face_crops not in (None, face_crops):
             raise ValueError(f"the data at {self.root} holds {self.face_crops} face crops ({self.root / MANIFEST}), "
                              f"but this run's are {face_crops} (deepfake.face_crops): a model scores the crops it "
                              f"was trained on; prepare the videos again with --crops {face_crops} into a new --output")
