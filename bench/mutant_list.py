@@ -513,7 +513,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{LANDMARKS}::test_prepare_stores_dlibs_68_landmarks_on_the_face_and_sbi_masks_their_hull",),
            "SBI's mask stays the inscribed ellipse on crops whose landmarks prepare stored, not their hull"),
     Mutant("predict-crops-ignore-the-run", "eval/domains/deepfake.py", "DeepfakeIO.__init__",
-           'self.crops = run_crops(meta["options"])', 'self.crops = "aligned"',
+           'self.crops = usable_crops(run_crops(meta["options"]))', 'self.crops = "aligned"',
            (f"{CROPS}::test_a_box_run_predicts_on_box_crops_with_the_extra_installed",),
            "predict aligns every run's video faces, as it did wherever the landmarks extra was installed: a box run "
            "(or one saved before deepfake.face_crops) scores crops unlike those it trained on"),
