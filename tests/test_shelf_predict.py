@@ -125,6 +125,10 @@ def test_the_overlay_outlines_each_facing_in_its_status_colour_and_crosses_the_g
     assert tuple(overlay[200, 0]) == COLOURS["ok"] and tuple(overlay[200, 200]) == COLOURS["foreign"]
     assert tuple(overlay[200, 500]) == COLOURS["out_of_stock"]  # the gap's cross, at its centre
     assert tuple(overlay[100, 500]) == (255, 255, 255)  # inside the gap, off the cross: the photo
+    # On the photo as predict scaled it (0.5), the report's boxes (the photo's own pixels) halve.
+    half = np.asarray(shelf_overlay(Image.new("RGB", (400, 200), (255, 255, 255)), report, 0.5))
+    assert tuple(half[100, 0]) == COLOURS["ok"] and tuple(half[100, 100]) == COLOURS["foreign"]
+    assert tuple(half[100, 250]) == COLOURS["out_of_stock"] and tuple(half[50, 250]) == (255, 255, 255)
 
 
 def test_an_overlay_png_decodes_to_its_very_pixels():

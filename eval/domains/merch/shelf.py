@@ -3,8 +3,9 @@
 merged (a facing at a seam counted once), each facing's SKU its embedding's nearest gallery entry
 (`unknown` below `merch.unknown_threshold`), the facings grouped into shelf rows and, with a
 planogram (`<stem>.json` beside the photo, the `shelves` form), each row aligned to its planned
-shelf: `NAME.json` (every facing, the rows, the counts, the score), `NAME.png` (the photo with each
-facing outlined in its status's colour, each shelf gap crossed, a legend, the score) and
+shelf: `NAME.json` (every facing, the rows, the counts, the score), `NAME.png` (the photo at
+`merch.shelf_scale`, each facing outlined in its status's colour, each shelf gap crossed, a legend,
+the score) and
 `compliance.csv` (one line per photo)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from PIL import Image, ImageDraw
 from triskele.train.config import InputLimits
 from triskele.train.domains.merch.alignment import GAP_FILL, STATUSES, near_skus, shelf_facings, shelf_report
 from triskele.train.domains.merch.data import EMPTY
-from triskele.train.domains.merch.tiles import merge_tiles, read_photo, tile_origins
+from triskele.train.domains.merch.tiles import merge_tiles, read_picture, tile_origins
 
 COLOURS = {"ok": (34, 160, 60), "misplaced": (220, 30, 30), "foreign": (150, 40, 200), "missing": (255, 140, 0),
            "out_of_stock": (255, 200, 0), "extra": (30, 100, 230), None: (120, 120, 120)}
@@ -72,19 +73,20 @@ def recognise(embeddings: np.ndarray | None, gallery: tuple[np.ndarray, np.ndarr
     return names, [float(c) for c in cosine], near_skus(np.broadcast_to(skus, per_sku.shape), per_sku, unknown)
 
 
-def shelf_overlay(photo: Image.Image, report: dict[str, Any]) -> Image.Image:
-    """The photo with each facing outlined in its status's colour and a legend with the score."""
+def shelf_overlay(photo: Image.Image, report: dict[str, Any], scale: float = 1.0) -> Image.Image:
+    """The photo with each facing outlined in its status's colour and a legend with the score; the
+    report's boxes (the photo's own pixels) drawn at `scale` (the photo as predict scaled it)."""
     from triskele.eval.domains.merch.legend import with_legend
 
     image = photo.convert("RGB")
     draw = ImageDraw.Draw(image)
     line = max(1, round(min(image.size) / 300))
     for facing in report["facings"]:
-        draw.rectangle(facing["box"], outline=COLOURS[facing["status"]], width=line)
+        draw.rectangle([v * scale for v in facing["box"]], outline=COLOURS[facing["status"]], width=line)
     for gap in report.get("gaps", []):  # a shelf gap: a cross through its space, out-of-stock or unplanned
-        x1, y1, x2, y2 = gap["box"]
+        x1, y1, x2, y2 = (v * scale for v in gap["box"])
         colour = COLOURS[gap["status"]]
-        draw.rectangle(gap["box"], outline=colour, width=line)
+        draw.rectangle((x1, y1, x2, y2), outline=colour, width=line)
         draw.line((x1, y1, x2, y2), fill=colour, width=line)
         draw.line((x1, y2, x2, y1), fill=colour, width=line)
     if "score" not in report:
@@ -140,7 +142,9 @@ class ShelfIO:
 
     def read(self, unit) -> tuple[np.ndarray, Any]:
         """The photo's tiles, and the context of its report: its name, its size at `shelf_scale`, its
-        shelves' plan (None without a planogram)."""
+        shelves' plan (None without a planogram), the picture at that scale (for the overlay: as
+        large as a quarter of the tiles' float32 pixels, where decoding the photo again for it cost
+        as much as reading it)."""
         from triskele.train.domains.merch.data import read_planogram
 
         shelves = None
@@ -151,9 +155,10 @@ class ShelfIO:
                 raise ValueError(f"planogram {unit.paths[1]} is a grid ('rows'); a facing detector's photo is "
                                  "planned by shelves: {\"shelves\": [[sku, ...], ...]} top to bottom, left to right")
             shelves = [[None if v == str(EMPTY) or v == EMPTY else v for v in shelf] for shelf in planogram["shelves"]]
-        photo = read_photo(unit.paths[0], self.scale, self.limits)
+        picture = read_picture(unit.paths[0], self.scale, self.limits)
+        photo = np.asarray(picture, np.float32) / 255.0
         return photo_tiles(photo, self.tile, self.overlap), {"photo": unit.key, "shelves": shelves,
-                                                             "size": photo.shape[:2]}
+                                                             "size": photo.shape[:2], "picture": picture}
 
     def report(self, context, outputs: dict[str, np.ndarray]) -> dict[str, Any]:
         """The photo's report from its tiles' outputs, as NAME.json holds it: the photo's name, every
@@ -181,12 +186,11 @@ class ShelfIO:
     def write(self, unit, context, outputs: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
         from triskele.eval.domains.merch.legend import overlay_png
         from triskele.train.bookkeeping.files import write_atomically
-        from triskele.train.data.images import open_image
-
         report = self.report(context, outputs)
         write_atomically(out_dir / unit.named(".json"), report_json(report))
-        write_atomically(out_dir / unit.named(".png"), overlay_png(shelf_overlay(open_image(unit.paths[0], self.limits),
-                                                                               report)))
+        # The overlay on the photo as read (at `shelf_scale`), not decoded a second time.
+        write_atomically(out_dir / unit.named(".png"), overlay_png(shelf_overlay(context["picture"], report,
+                                                                               self.scale)))
         return {"photo": unit.key, "found": report["found"], **{k: report[k] for k in ("planned", "counts", "score")
                                                                  if k in report}}
 

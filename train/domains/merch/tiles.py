@@ -66,12 +66,17 @@ def merge_tiles(detections: list[tuple[np.ndarray, np.ndarray]], height: int, wi
             np.concatenate(kept_index).astype(np.int64))
 
 
-def read_photo(path: Path, scale: float, limits: InputLimits) -> np.ndarray:
-    """The photo at `scale`, (H, W, 3) float32 in [0, 1]."""
+def read_picture(path: Path, scale: float, limits: InputLimits) -> Image.Image:
+    """The photo at `scale`, RGB."""
     from triskele.train.data.images import open_image
 
     image = open_image(path, limits).convert("RGB")
     if scale != 1.0:
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                              Image.BILINEAR)
-    return np.asarray(image, np.float32) / 255.0
+    return image
+
+
+def read_photo(path: Path, scale: float, limits: InputLimits) -> np.ndarray:
+    """The photo at `scale`, (H, W, 3) float32 in [0, 1]."""
+    return np.asarray(read_picture(path, scale, limits), np.float32) / 255.0
