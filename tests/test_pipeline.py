@@ -102,6 +102,7 @@ def single_device(tmp_path_factory):
     return step_records(workdir)
 
 
+@pytest.mark.xdist_group("pipeline_single_device")  # one worker computes the module fixture once
 @pytest.mark.parametrize("spec", ["pipeline=2,data=4", "pipeline=4,tensor=2", "pipeline=2,data=2,tensor=2"])
 def test_training_on_pipeline_meshes_matches_one_device(spec, single_device, tmp_path, devices):
     run(tmp_path, spec, **{"run.steps": 5})
@@ -185,6 +186,7 @@ def pipeline_fsdp_gathers():
     return measured
 
 
+@pytest.mark.xdist_group("pipeline_fsdp_gathers")  # one worker compiles the module fixture once
 def test_pipeline_with_fsdp_gathers_each_stage_once_per_step(pipeline_fsdp_gathers, devices):
     """Every parameter gathered once over fsdp=4 moves 3/4 of its whole size (the rule table's
     sharding with fsdp undone): 0.53 MB. Gathering once measures 0.55 MB (4% over: a few small
@@ -196,6 +198,7 @@ def test_pipeline_with_fsdp_gathers_each_stage_once_per_step(pipeline_fsdp_gathe
     assert pipeline_fsdp_gathers[False][0] / once > 5  # the per-iteration gathers are what it measures
 
 
+@pytest.mark.xdist_group("pipeline_fsdp_gathers")  # one worker compiles the module fixture once
 def test_the_planner_prices_both_pipeline_gathers(pipeline_fsdp_gathers, devices):
     """The planner's all-gather bytes for each `pipeline.gather_once` within 10% of the compiled
     step's (measured: 4% and 0.1%), and gathering once priced as faster but holding more memory."""
