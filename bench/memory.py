@@ -33,15 +33,17 @@ def measure_mesh(preset: str, overrides: list[str], spec: str) -> dict:
             "state_ratio": state / analytic_state, "temp_MB": memory["temp"] / 1e6,
             "analytic_activations_MB": prediction.memory["activations"] / 1e6,
             "analytic_gradients_MB": prediction.memory["gradients"] / 1e6,
-            "temp_ratio": memory["temp"] / (prediction.memory["gradients"] + prediction.memory["activations"]),
+            "analytic_weight_temporaries_MB": prediction.memory["weight_temporaries"] / 1e6,
+            "temp_ratio": memory["temp"] / (prediction.memory["gradients"] + prediction.memory["activations"]
+                                            + prediction.memory["weight_temporaries"]),
             "aliased_MB": memory["alias"] / 1e6}
 
 
 def main(argv: list[str] | None = None) -> int:
     columns = ["mesh", "state_MB", "analytic_state_MB", "state_ratio", "temp_MB", "analytic_activations_MB",
-               "analytic_gradients_MB", "temp_ratio", "aliased_MB"]
-    notes = ("temp_ratio = XLA's temporaries / (gradients + block activations): the temporaries also hold the "
-             "optimizer update's intermediates and the domain head's activations, which the formula leaves out.")
+               "analytic_gradients_MB", "analytic_weight_temporaries_MB", "temp_ratio", "aliased_MB"]
+    notes = ("temp_ratio = XLA's temporaries / (gradients + block activations + the step's other weight-sized "
+             "buffers, formulas.weight_temporaries_on): the domain head's activations are left out.")
     return mesh_bench_main(__doc__, argv, lambda *a: [measure_mesh(*a)], columns,
                            "bytes per device (state = parameters + Adam moments)", notes)
 

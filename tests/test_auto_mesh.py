@@ -5,9 +5,10 @@ import json
 from trainutil import small_config
 from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.mesh.perf.hardware import GPUS
-from triskele.mesh.perf.planner import candidates
+from triskele.mesh.perf.planner import BEST_SCHEDULE, candidates
 from triskele.train import train
 from triskele.train.auto_mesh import resolve_auto_mesh
+from triskele.train.config import make_config
 from triskele.train.tools.planning import plan_inputs
 
 
@@ -31,13 +32,27 @@ def test_auto_mesh_skips_meshes_the_run_refuses(devices):
 
 class FakeGpu:
     device_kind = "NVIDIA H200"
-    process_index = 0
+
+    def __init__(self, process_index: int = 0):
+        self.process_index = process_index
 
 
 def test_auto_mesh_on_a_known_gpu_takes_the_planners_pick():
-    chosen, lines = resolve_auto_mesh(small_config(preset="mars-l16"), [FakeGpu()] * 8)
+    chosen, lines = resolve_auto_mesh(small_config(preset="mars-l16"), [FakeGpu() for _ in range(8)])
     assert lines[0].startswith(f"--mesh auto on 8 x {GPUS['h200'].name}: --mesh {chosen.mesh}")
     assert any(line.strip().startswith("tensor=") for line in lines[1:])
     config = small_config(preset="mars-l16")
-    best = next(c for c in candidates(plan_inputs(config, "h200", 8, nodes=1)) if c.fits)
+    best = next(c for c in candidates(plan_inputs(config, "h200", 8, nodes=1, schedule=BEST_SCHEDULE)) if c.fits)
     assert chosen.mesh == str(best.mesh) and chosen.model.remat == best.remat
+
+
+def test_auto_mesh_picks_a_pipeline_where_it_wins_and_says_why():
+    """ViT-22B on 8 nodes of 8 H200 at batch 256: the planner's pick has a pipeline (its schedule
+    recorded in the config), and the pipeline line compares it with the best mesh without one."""
+    config = make_config("mars-l16", {"model.size": "22B", "data.global_batch": 256})
+    chosen, lines = resolve_auto_mesh(config, [FakeGpu(i // 8) for i in range(64)])
+    best = next(c for c in candidates(plan_inputs(config, "h200", 64, nodes=8, schedule=BEST_SCHEDULE)) if c.fits)
+    assert best.mesh.pipeline > 1 and chosen.mesh == str(best.mesh), lines
+    assert chosen.pipeline.schedule == best.schedule and chosen.pipeline.microbatches == best.microbatches
+    reason = next(line.strip() for line in lines if line.strip().startswith(f"pipeline={best.mesh.pipeline}:"))
+    assert f"schedule {best.schedule}" in reason and "it wins over the best mesh without one" in reason, reason

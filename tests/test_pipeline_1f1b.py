@@ -187,15 +187,12 @@ def test_1f1b_temporaries_stay_flat_in_microbatches_where_circulars_grow(compile
 
 @RUNS
 def test_the_planner_prices_the_compiled_pipeline_memory(compiled_memory, devices):
-    """The planner's per-device memory (parameters, gradients, optimizer state, activations) against
-    the compiled step's arguments + temporaries. Issue 33 asks for 20%; measured (microbatches of 2
-    records): circular 0.69, 0.76, 0.87 and 1f1b 0.68, 0.67, 0.65 at M = 4, 8, 16. The gap is not the schedule's: the
-    planner counts one gradient-sized temporary where the compiled step holds about three (the
-    gradients, the gradients divided by the weight count, optax's updates: each stage's weights'
-    size in the buffer assignment), 1.2-1.4 MB here. So this checks the band measured, 1f1b priced
-    cheaper than circular at every M, and the growth from M=4 to 16 of 1f1b under 0.3x circular's
-    both as priced (0.17 MB against 2.21: 0.08) and as compiled (temporaries: 0.32 MB against
-    1.46: 0.22)."""
+    """The planner's per-device memory (parameters, gradients, optimizer state, activations and the
+    step's other weight-sized buffers, `formulas.PIPELINE_WEIGHT_TEMPORARIES`) against the compiled
+    step's arguments + temporaries, within 20% (issue 33). Measured: 1f1b 0.97, 0.93, 0.86 and
+    circular 0.91, 0.99, 1.09 at M = 4, 8, 16 (without the two weight-sized temporaries: 0.63-0.69
+    and 0.70-0.96). Besides: 1f1b priced cheaper than circular at every M, and the growth from M=4
+    to 16 of 1f1b under 0.3x circular's both as priced and as compiled (temporaries)."""
     priced, measured = {}, {}
     for (schedule, microbatches), (memory, config) in compiled_memory.items():
         inputs = dataclasses.replace(plan_inputs(config, "h200", 8, nodes=1, schedule=schedule),
@@ -205,8 +202,8 @@ def test_the_planner_prices_the_compiled_pipeline_memory(compiled_memory, device
         measured[schedule, microbatches] = memory["argument"] + memory["temp"]
     ratios = {key: priced[key] / measured[key] for key in priced}
     numbers = ", ".join(f"{s} M={m}: {r:.2f}" for (s, m), r in sorted(ratios.items()))
-    assert all(0.6 < r < 1.2 for r in ratios.values()), numbers
-    assert priced["1f1b", 4] < priced["circular", 4] and priced["1f1b", 16] < priced["circular", 16], numbers
+    assert all(0.8 < r < 1.2 for r in ratios.values()), numbers
+    assert all(priced["1f1b", m] < priced["circular", m] for m in MEMORY_MICROBATCHES), numbers
     growth = lambda sizes, schedule: sizes[schedule, 16] - sizes[schedule, 4]
     temp = {key: memory["temp"] for key, (memory, _) in compiled_memory.items()}
     assert growth(priced, "1f1b") < 0.3 * growth(priced, "circular"), numbers

@@ -5,17 +5,27 @@ import math
 
 import pytest
 from triskele.mesh.perf.hardware import A100_EFFICIENCY, GPUS
-from triskele.mesh.perf.published_runs import TABLE1, fit_efficiency, replay_gpt3, replay_row, vocab_share
+from triskele.mesh.perf.planner import OVERLAP_EFFICIENCY
+from triskele.mesh.perf.published_runs import (
+    OVERLAP_CALIBRATION_GPUS,
+    TABLE1,
+    fit_efficiency,
+    fit_overlap_efficiency,
+    replay_gpt3,
+    replay_row,
+    vocab_share,
+)
 from triskele.mesh.perf.roofline import roofline
 from triskele.mesh.perf.run_cost import HOURS_PER_YEAR, ownership, run_cost
 from triskele.mesh.perf.transformer_shape import parse_shape
 from triskele.models import VIT_SIZES
 from triskele.train.tools.plan import main as plan_main
 
-KNOWN_TENSOR_MISSES = {39.1: 4}
-"""The row with published tensor=8 where the planner picks tensor=4 with 4 pipeline stages: it
-predicts the interleaved pipeline's bubble (3%) cheaper than tensor=8's extra all-reduces (README,
-"The planner against published runs")."""
+KNOWN_TENSOR_MISSES = {18.4: 4, 39.1: 4}
+"""The rows with published tensor=8 where the planner picks tensor=4 with a pipeline (2 and 4
+stages): it predicts the interleaved pipeline's bubble cheaper than tensor=8's extra all-reduces;
+at 18.4B since the overlap efficiency makes the data-parallel all-reduce (halved per GPU by 2
+stages) cost 35% of its time even where it hides (README, "The planner against published runs")."""
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +51,18 @@ def test_picks_match_the_published_parallelism(table1):
         if published.tensor == 8:
             expected = KNOWN_TENSOR_MISSES.get(published.params_b, 8)
             assert row["pick_tensor"] == expected, row
-    assert sum(r["pick_tensor"] == 8 for r in table1.values()) == 5
+    assert sum(r["pick_tensor"] == 8 for r in table1.values()) == 4
+
+
+def test_the_stated_overlap_efficiency_is_the_fit_on_table2s_384_gpu_row():
+    assert OVERLAP_EFFICIENCY == fit_overlap_efficiency() and OVERLAP_CALIBRATION_GPUS == 384
 
 
 def test_zero3_against_tensor_and_pipeline_parallelism():
+    """Ratios 0.94, 0.59, 0.31 published; predicted 0.938 (the row the overlap efficiency is fitted
+    on), 0.587 and 0.317 (with overlap free, 1.16, 0.67, 0.34)."""
     rows = {r["gpus"]: r for r in replay_gpt3()}
-    for gpus in (768, 1536):
+    for gpus in (384, 768, 1536):
         assert abs(rows[gpus]["ratio"] - rows[gpus]["published_ratio"]) <= 0.10, rows[gpus]
     for row in rows.values():
         assert abs(row["ptdp_tflops"] / row["published_ptdp"] - 1) <= 0.15, row

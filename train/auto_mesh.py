@@ -15,7 +15,7 @@ import dataclasses
 
 import jax
 from triskele.mesh.perf.hardware import gpu_of_device
-from triskele.mesh.perf.planner import candidates, explain, meshes, parallelism_kinds
+from triskele.mesh.perf.planner import BEST_SCHEDULE, candidates, explain, meshes, parallelism_kinds
 from triskele.mesh.spec import AUTO, MeshSpec
 from triskele.train.config import Config
 from triskele.train.tools.planning import abstract_mesh, apply_pick, pick_flags, plan_inputs
@@ -51,8 +51,10 @@ def resolve_auto_mesh(config: Config, devices: list[jax.Device] | None = None) -
         chosen, why = _simplest(config, len(devices))
         return chosen, [f"--mesh auto on {len(devices)} x {devices[0].device_kind}: {chosen.mesh}: {why[0]}"]
     hosts = len({d.process_index for d in devices})
-    inputs = plan_inputs(config, gpu, len(devices), nodes=hosts, nvlink_domain=len(devices) // hosts)
-    ranked = [c for c in candidates(inputs) if c.fits]
+    inputs = plan_inputs(config, gpu, len(devices), nodes=hosts, nvlink_domain=len(devices) // hosts,
+                         schedule=BEST_SCHEDULE)
+    everything = candidates(inputs)
+    ranked = [c for c in everything if c.fits]
     if not ranked:
         raise ValueError(f"--mesh auto: nothing fits on {len(devices)} x {gpu.name} at global batch "
                          f"{config.data.global_batch}; lower data.global_batch or add devices")
@@ -60,4 +62,4 @@ def resolve_auto_mesh(config: Config, devices: list[jax.Device] | None = None) -
     chosen = apply_pick(config, best)
     lines = [f"--mesh auto on {len(devices)} x {gpu.name}: {pick_flags(best)} (predicted {1e3 * best.step_s:.1f} "
              f"ms/step, {best.memory.total / 1e9:.1f} GB per GPU)"]
-    return chosen, lines + ["  " + line for line in explain(best, inputs)]
+    return chosen, lines + ["  " + line for line in explain(best, inputs, everything)]

@@ -20,8 +20,13 @@ NVLink figures are both directions together; one direction is half. The network 
 Selene's 8 x 200 Gb/s HDR InfiniBand per 8-GPU node (25 GB/s per GPU), where Megatron-LM ran.
 
 `efficiency` is the share of peak a training step's matmuls reach: for A100 fitted once over
-Megatron-LM's Table 1 (`bench/published.py`, which prints the fit); for the others no published
-run has been replayed yet, so it stays the planner's assumption of 0.5.
+Megatron-LM's Table 1 (`bench/published.py`, which prints the fit). H100 and H200 (the same GH100
+tensor cores): 0.55, Megatron-LM's README figure for its H100 runs ("up to 47% Model FLOP
+Utilization (MFU) on H100 clusters", github.com/NVIDIA/Megatron-LM) times the ratio of A100's fitted
+efficiency to Megatron-LM's best A100 MFU in Table 1 (0.615 / (163 / 312) = 1.18): the share of
+a step's time outside the matmuls taken to be A100's. B200 and B300: no published run replayed,
+the planner's assumption of 0.5. The matmul efficiency is one figure per GPU: the time outside the
+matmuls (LayerNorm, softmax, GELU) is priced apart from HBM traffic, not measured on a GPU yet.
 
 Rental prices (on-demand, USD per GPU-hour, the 8-GPU instance's price / 8): CoreWeave's list
 prices as quoted on kaelresearch.com/blog/gpu-economics-real-inference-costs (February 2026):
@@ -73,16 +78,21 @@ class Gpu:
 
 
 TERA = 1e12
-A100_EFFICIENCY = 0.61
+A100_EFFICIENCY = 0.615
 """Fitted over Megatron-LM's Table 1 by `python bench/published.py` (see its output)."""
+GH100_EFFICIENCY = 0.55
+"""H100's (and H200's) matmul efficiency: Megatron-LM's stated H100 MFU 0.47 x 1.18 (module notes)."""
+GH100_SOURCE = "Megatron-LM README's H100 MFU (0.47) x A100's fitted efficiency / its best Table 1 MFU (1.18)"
 GPUS: dict[str, Gpu] = {
     "a100": Gpu("A100 SXM 80GB", {"float32": 156 * TERA, "bfloat16": 312 * TERA, "int8": 624 * TERA},
                 2.039e12, 80e9, 300e9, 25e9, 400, 21.60 / 8, efficiency=A100_EFFICIENCY,
                 efficiency_source="fitted over Megatron-LM (Narayanan et al., SC21) Table 1: bench/published.py"),
     "h100": Gpu("H100 SXM", {"float32": 494.7 * TERA, "bfloat16": 989.4 * TERA, "fp8": 1978.9 * TERA,
-                             "int8": 1978.9 * TERA}, 3.35e12, 80e9, 450e9, 50e9, 700, 49.24 / 8),
+                             "int8": 1978.9 * TERA}, 3.35e12, 80e9, 450e9, 50e9, 700, 49.24 / 8,
+                efficiency=GH100_EFFICIENCY, efficiency_source=GH100_SOURCE),
     "h200": Gpu("H200 SXM", {"float32": 494.7 * TERA, "bfloat16": 989.4 * TERA, "fp8": 1978.9 * TERA,
-                             "int8": 1978.9 * TERA}, 4.8e12, 141e9, 450e9, 50e9, 700, 50.44 / 8),
+                             "int8": 1978.9 * TERA}, 4.8e12, 141e9, 450e9, 50e9, 700, 50.44 / 8,
+                efficiency=GH100_EFFICIENCY, efficiency_source=GH100_SOURCE),
     "b200": Gpu("B200", {"float32": 1100 * TERA, "bfloat16": 2250 * TERA, "fp8": 4500 * TERA, "int8": 4500 * TERA,
                          "fp4": 9000 * TERA}, 8e12, 180e9, 900e9, 50e9, 1000, 68.80 / 8),
     "b300": Gpu("B300", {"float32": 1100 * TERA, "bfloat16": 2250 * TERA, "fp8": 4500 * TERA, "fp4": 13500 * TERA},

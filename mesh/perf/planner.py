@@ -24,6 +24,7 @@ from triskele.mesh.perf.formulas import (
     ParamBytes,
     StepMemory,
     activation_traffic_bytes,
+    block_passes,
     pipeline_block_gathers,
     step_collectives,
     step_memory,
@@ -48,6 +49,13 @@ NCCL_LATENCY_S = {"base": 8.4e-6, "nvlink": 3.4e-6, "network": 9.6e-6}
 hwLat): a collective costs a base latency plus one hop latency per ring step, NVLink hops and
 network hops priced apart (all-reduce: 2(n-1) steps, all-gather / reduce-scatter: n-1)."""
 SCHEDULES = ("circular", "1f1b")
+BEST_SCHEDULE = "best"
+"""`PlanInputs.schedule` that prices every schedule of `SCHEDULES` and keeps each mesh's fastest."""
+OVERLAP_EFFICIENCY = 0.65
+"""Share of its time an fsdp or data-parallel collective hidden under the backward costs nothing:
+the rest (NCCL's kernels take SMs and HBM bandwidth from the matmuls they overlap) adds to the
+step. Calibrated on one published comparison, Megatron-LM's Table 2 at 384 GPUs (ZeRO-3 / PTD-P =
+0.94); the planner is judged on its 768- and 1,536-GPU rows (tests/test_published.py)."""
 GRADIENT_BUCKET_BYTES = 25e6
 """Gradients are all-reduced in buckets of about this size (PyTorch DDP's default; XLA's all-reduce
 combiner merges small ones likewise): one ring latency per bucket."""
@@ -70,8 +78,8 @@ class PlanInputs:
     """Share of peak FLOP/s the matmuls reach."""
     param_bytes: Callable[[MeshSpec], ParamBytes] | None = None
     """A device's share of the parameters on a mesh (from the model's logical axis names)."""
-    validate: Callable[[MeshSpec, int, int], str | None] | None = None
-    """(mesh, microbatches, repeats) -> an error message, or None when the run would accept it."""
+    validate: Callable[[MeshSpec, int, int, str], str | None] | None = None
+    """(mesh, microbatches, repeats, schedule) -> an error message, or None when the run would accept it."""
     memory_bytes: float | None = None
     """GPU memory to plan for (default: the GPU's)."""
     axes: tuple[str, ...] = MESH_AXES
@@ -79,9 +87,10 @@ class PlanInputs:
     schedule: str = "circular"
     """Pipeline schedule (`pipeline.schedule`): `circular` (every microbatch's activations kept until
     its backward) or `1f1b` (interleaved when repeats > 1: as triskele runs it, stage inputs in flight
-    kept and each stage recomputed, `formulas.bounded_activations`; with `megatron_1f1b`, as
-    Megatron-LM runs it: at most `pipeline` microbatches' activations in flight under the remat
-    policy, no broadcast of finished outputs)."""
+    kept and each stage recomputed, `formulas.bounded_activations`, 3 forwards and a backward per
+    microbatch, `formulas.block_passes`; with `megatron_1f1b`, as Megatron-LM runs it: at most
+    `pipeline` microbatches' activations in flight under the remat policy, no broadcast of finished
+    outputs), or `best` (BEST_SCHEDULE: both priced, each mesh's faster kept)."""
     megatron_1f1b: bool = False
     """`schedule=1f1b` priced as Megatron-LM runs it (the published runs), not as triskele does."""
     remat_options: tuple[str, ...] = REMAT_ORDER
@@ -94,6 +103,11 @@ class PlanInputs:
     """Without a pipeline, also try gradient accumulation (`optim.grad_accum`) to fit memory."""
     probability_bytes: int = 4
     """Bytes of an attention probability in HBM (XLA's softmax: float32; Megatron-LM's fused fp16: 2)."""
+    weight_temporaries: float | None = None
+    """Parameter-sized buffers the step holds besides the gradients: None, triskele's compiled
+    step's (`formulas.weight_temporaries_on`); 0 for a framework that updates in place, as the
+    published Megatron-LM runs are priced."""
+    overlap_efficiency: float = OVERLAP_EFFICIENCY
     fsdp_collectives_per_layer: int = 1
     """Collectives per layer for each fsdp gather or reduce-scatter: 1 where a layer's weights move
     together (XLA, stacked layers); ZeRO-3 moves each module's own (QKV, out, MLP up and down, two
@@ -124,10 +138,13 @@ class Candidate:
     gather_once: bool = True
     """`pipeline.gather_once`: a pipeline stage's weights gathered over fsdp once per step, or in
     every iteration of the schedule."""
+    schedule: str = "circular"
+    """`pipeline.schedule` (with a pipeline)."""
 
     def row(self) -> dict:
         return {"mesh": str(self.mesh), "microbatches": self.microbatches if self.mesh.pipeline > 1 else "",
                 "repeats": self.repeats if self.mesh.pipeline > 1 else "",
+                "schedule": self.schedule if self.mesh.pipeline > 1 else "",
                 "gather_once": self.gather_once if self.mesh.pipeline > 1 and self.mesh.fsdp > 1 else "",
                 "grad_accum": self.microbatches if self.mesh.pipeline == 1 else 1,
                 "remat": self.remat, "memory_GB": self.memory.total / 1e9, "fits": "yes" if self.fits else "NO",
@@ -193,52 +210,63 @@ def schedules(mesh: MeshSpec, inputs: PlanInputs) -> list[tuple[int, int]]:
             if inputs.shape.depth % (mesh.pipeline * v) == 0]
 
 
-def records_alive(inputs: PlanInputs, mesh: MeshSpec, microbatches: int) -> float:
+def schedule_options(inputs: PlanInputs, mesh: MeshSpec) -> tuple[str, ...]:
+    """The pipeline schedules to price on `mesh`: both under BEST_SCHEDULE (a mesh without a
+    pipeline has one), else the inputs' own."""
+    if inputs.schedule != BEST_SCHEDULE:
+        return (inputs.schedule,)
+    return SCHEDULES if mesh.pipeline > 1 else SCHEDULES[:1]
+
+
+def records_alive(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, schedule: str) -> float:
     """Records whose activations a device keeps at once: one accumulation microbatch; all of a
     circular pipeline's microbatches; Megatron-LM's 1F1B pipeline's microbatches in flight (at most
     `pipeline`); triskele's 1f1b, the whole batch (its activations are `formulas.bounded_activations`)."""
     local = inputs.global_batch / mesh.batch_shards
     if mesh.pipeline == 1:
         return local / microbatches
-    if inputs.schedule == "1f1b" and inputs.megatron_1f1b:
+    if schedule == "1f1b" and inputs.megatron_1f1b:
         return local / microbatches * min(microbatches, mesh.pipeline)
     return local
 
 
-def elementwise_seconds(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str) -> float:
+def elementwise_seconds(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str,
+                        schedule: str = "circular") -> float:
     """Time the blocks spend moving activations through HBM outside the matmuls (LayerNorm, softmax,
     GELU, residual adds: memory-bound, not overlapped with the matmuls): the forward's traffic
-    (`activation_traffic_bytes`) three times (forward, backward) and once more where `full` remat
-    recomputes the forward, per device; a pipeline runs every stage in every iteration."""
+    (`activation_traffic_bytes`) three times (forward, backward), times the passes the schedule and
+    remat run (`block_passes`), per device."""
     shape = inputs.shape
     images = inputs.global_batch / mesh.batch_shards * shape.images_per_record / mesh.pipeline
     traffic = activation_traffic_bytes(shape, images, mesh.tensor, inputs.activation_bytes, inputs.probability_bytes)
-    traffic *= 4 if remat == "full" else 3
-    if mesh.pipeline > 1:
-        traffic *= (repeats * microbatches + mesh.pipeline - 1) / (repeats * microbatches)
+    traffic *= 3 * block_passes(mesh.pipeline, repeats, microbatches, remat, schedule)
     return traffic / inputs.gpu.memory_bandwidth
 
 
 def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str,
-             gather_once: bool = True) -> Candidate:
+             gather_once: bool = True, schedule: str | None = None) -> Candidate:
     """One configuration's prediction. Without a pipeline, `microbatches` is gradient accumulation;
     `gather_once`: with a pipeline, `pipeline.gather_once` (weights gathered over fsdp once per step,
-    held whole; or per iteration, forward and backward)."""
+    held whole; or per iteration, forward and backward); `schedule`: default the inputs' own (the
+    first of `schedule_options`)."""
     shape, batch = inputs.shape, inputs.global_batch
+    schedule = schedule or schedule_options(inputs, mesh)[0]
     params = inputs.param_bytes(mesh)
     act = inputs.activation_bytes
-    bounded = (microbatches, repeats) if inputs.schedule == "1f1b" and not inputs.megatron_1f1b else None
+    bounded = (microbatches, repeats) if schedule == "1f1b" and not inputs.megatron_1f1b else None
     memory = step_memory(shape, mesh, batch, params, act, remat, inputs.optimizer_state,
-                         records_alive(inputs, mesh, microbatches), gather_once, bounded)
+                         records_alive(inputs, mesh, microbatches, schedule), gather_once, bounded,
+                         inputs.weight_temporaries)
     budget = (inputs.memory_bytes or inputs.gpu.memory_bytes) * USABLE_MEMORY
     flops = train_flops(shape, batch)
     peak = inputs.gpu.peak_flops[inputs.compute] * inputs.efficiency
     pipeline_microbatches = microbatches if mesh.pipeline > 1 else 1
     accumulation = 1 if mesh.pipeline > 1 else microbatches
-    compute = flops.executed_per_device(mesh, pipeline_microbatches, repeats, remat) / peak
-    compute += elementwise_seconds(inputs, mesh, pipeline_microbatches, repeats, remat)
+    runs = "circular" if inputs.megatron_1f1b else schedule  # Megatron-LM's 1F1B runs circular's passes
+    executed = flops.executed_per_device(mesh, pipeline_microbatches, repeats, remat, runs)
+    compute = executed / peak + elementwise_seconds(inputs, mesh, pipeline_microbatches, repeats, remat, runs)
     sent = step_collectives(shape, mesh, batch, params, act, pipeline_microbatches, repeats, remat, gather_once)
-    if inputs.schedule == "1f1b":  # Megatron-LM's scatter/gather: each tensor rank sends 1/tensor of it
+    if schedule == "1f1b":  # Megatron-LM's scatter/gather: each tensor rank sends 1/tensor of it
         sent = dataclasses.replace(sent, pipeline_broadcast=0.0, pipeline_permute=sent.pipeline_permute / mesh.tensor)
     fsdp_passes = accumulation  # weights gathered (and gradients reduce-scattered) per microbatch
     per_iteration = mesh.pipeline > 1 and not gather_once  # the formula counts the backward's gathers then
@@ -267,18 +295,23 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
         "pipeline": (sent.pipeline_permute + sent.pipeline_broadcast) / links["pipeline"][0] + latency["pipeline"],
     }
     hidden = BACKWARD_SHARE * compute
-    exposed = (comm["tensor"] + comm["pipeline"] + max(0.0, comm["fsdp"] - hidden)
-               + max(0.0, comm["data"] - hidden / microbatches))
+    exposed = (comm["tensor"] + comm["pipeline"] + overlapped_seconds(comm["fsdp"], hidden, inputs.overlap_efficiency)
+               + overlapped_seconds(comm["data"], hidden / microbatches, inputs.overlap_efficiency))
     step = compute + exposed
     model_flops = flops.per_device(mesh)
     return Candidate(
         mesh=mesh, microbatches=microbatches, repeats=repeats, remat=remat, memory=memory,
         fits=memory.total <= budget, compute_s=compute, comm_s=comm, exposed_comm_s=exposed, step_s=step,
-        bubble=bubble_fraction(mesh.pipeline, repeats, microbatches) if mesh.pipeline > 1 else 0.0,
+        bubble=bubble_fraction(mesh.pipeline, repeats, microbatches, runs) if mesh.pipeline > 1 else 0.0,
         mfu=model_flops / (step * inputs.gpu.peak_flops[inputs.compute]), images_per_s=batch / step,
-        executed_flops=flops.executed_per_device(mesh, microbatches, repeats, remat),
-        collective_bytes=sent.by_kind(), gather_once=gather_once,
+        executed_flops=executed, collective_bytes=sent.by_kind(), gather_once=gather_once, schedule=schedule,
     )
+
+
+def overlapped_seconds(comm: float, hidden: float, efficiency: float) -> float:
+    """What a collective overlapped with `hidden` seconds of compute adds to the step: the part that
+    does not fit under it, and (1 - efficiency) of the part that does (`OVERLAP_EFFICIENCY`)."""
+    return max(0.0, comm - hidden) + (1 - efficiency) * min(comm, hidden)
 
 
 def candidates(inputs: PlanInputs) -> list[Candidate]:
@@ -298,11 +331,12 @@ def best_for_mesh(inputs: PlanInputs, mesh: MeshSpec, any_fit: bool = False) -> 
     with fsdp is priced both gathering its weights once per step and in every iteration."""
     options = []
     gather_options = (True, False) if mesh.pipeline > 1 and mesh.fsdp > 1 else (True,)
-    for (microbatches, repeats), gather_once in itertools.product(schedules(mesh, inputs), gather_options):
-        if inputs.validate is not None and inputs.validate(mesh, microbatches, repeats):
+    for (microbatches, repeats), gather_once, schedule in itertools.product(
+            schedules(mesh, inputs), gather_options, schedule_options(inputs, mesh)):
+        if inputs.validate is not None and inputs.validate(mesh, microbatches, repeats, schedule):
             continue
         for remat in inputs.remat_options:
-            candidate = evaluate(inputs, mesh, microbatches, repeats, remat, gather_once)
+            candidate = evaluate(inputs, mesh, microbatches, repeats, remat, gather_once, schedule)
             options.append(candidate)
             if candidate.fits:
                 break
@@ -326,9 +360,11 @@ def _ranking(candidate: Candidate) -> tuple[bool, float]:
     return not candidate.fits, ranked_step_s(candidate)
 
 
-def explain(best: Candidate, inputs: PlanInputs) -> list[str]:
-    """One line per axis: why the top choice uses it as it does."""
+def explain(best: Candidate, inputs: PlanInputs, ranked: list[Candidate] | None = None) -> list[str]:
+    """One line per axis: why the top choice uses it as it does. `ranked`: the ranking it tops
+    (`candidates(inputs)`), against whose best other choice the pipeline line compares it."""
     mesh, lines = best.mesh, []
+    ranked = candidates(inputs) if ranked is None else ranked
     domain = "NVLink" if axis_bandwidth(mesh, "tensor", inputs) == inputs.gpu.nvlink_bandwidth else "the network"
     lines.append(f"tensor={mesh.tensor}: " + (
         f"splits each block's matmuls over {mesh.tensor} GPUs inside {domain}; its activation all-reduces "
@@ -343,15 +379,35 @@ def explain(best: Candidate, inputs: PlanInputs) -> list[str]:
         f"({1e3 * best.comm_s['data']:.1f} ms over "
         f"{'NVLink' if axis_bandwidth(mesh, 'data', inputs) == inputs.gpu.nvlink_bandwidth else 'the network'})"
         f" overlaps the backward" if mesh.data > 1 else "no pure data parallelism"))
-    lines.append(f"pipeline={mesh.pipeline}: " + (
-        f"{mesh.pipeline} stages, {best.microbatches} microbatches, {best.repeats} repeat(s): bubble "
-        f"{best.bubble:.1%}" if mesh.pipeline > 1 else
-        "no pipeline: the model fits without splitting its layers, so no bubble is paid"))
+    lines.append(f"pipeline={mesh.pipeline}: " + pipeline_reason(best, ranked))
     lines.append(f"remat={best.remat}: " + {
         "none": "every activation fits, nothing is recomputed",
         "dots": "matmul outputs are kept, the elementwise ops recomputed (no extra matmul FLOPs)",
         "full": "only block inputs are kept: the forward is recomputed (+1/3 block FLOPs) to fit memory"}[best.remat])
     return lines
+
+
+def pipeline_reason(best: Candidate, ranked: list[Candidate]) -> str:
+    """Why the top choice has a pipeline or none: its schedule and bubble against the best choice
+    of the other kind (faster, or the only kind that fits)."""
+    others = [c for c in ranked if (c.mesh.pipeline > 1) != (best.mesh.pipeline > 1)]
+    other = min(others, key=_ranking) if others else None
+    if best.mesh.pipeline == 1:
+        reason = "no pipeline: the model fits without splitting its layers, so no bubble is paid"
+        if other is not None and other.fits:
+            reason += (f" (the best pipeline, {other.mesh} {other.schedule}, is predicted "
+                       f"{1e3 * other.step_s:.1f} ms/step against {1e3 * best.step_s:.1f})")
+        return reason
+    reason = (f"{best.mesh.pipeline} stages, {best.microbatches} microbatches, {best.repeats} repeat(s), "
+              f"schedule {best.schedule}: bubble {best.bubble:.1%}; ")
+    if other is None:
+        return reason + "no mesh without a pipeline is valid"
+    if not other.fits:
+        return reason + (f"without a pipeline nothing fits (the best, {other.mesh}, needs "
+                         f"{other.memory.total / 1e9:.1f} GB per GPU)")
+    return reason + (f"it wins over the best mesh without one, {other.mesh} ({1e3 * other.step_s:.1f} ms/step "
+                     f"against {1e3 * best.step_s:.1f}: {1e3 * other.exposed_comm_s:.1f} ms of its "
+                     f"communication exposed against {1e3 * best.exposed_comm_s:.1f})")
 
 
 SCALING_FAMILIES: dict[str, Callable[[int, int], MeshSpec | None]] = {

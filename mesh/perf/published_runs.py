@@ -5,9 +5,10 @@ Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
 Megatron-LM" (SC21): GPT models on Selene (DGX A100 80 GB, 8 x 200 Gb/s HDR InfiniBand per node,
 i.e. 25 GB/s per GPU), sequence 2048, MLP 4 x hidden, 51,200-token vocabulary, mixed precision
 (16 bytes of state per parameter: fp16 weights and gradients, fp32 master weights and Adam
-moments), the interleaved 1F1B pipeline schedule and full activation recomputation. Their FLOP
-count, 96 B s l h^2 (1 + s / 6h + V / 16 l h), is ours with full remat plus the vocabulary layer;
-that layer is not part of a vision transformer, so its share is reported (`vocab_share`).
+moments, updated in place: no weight-sized temporaries), the interleaved 1F1B pipeline schedule
+and full activation recomputation. Their FLOP count, 96 B s l h^2 (1 + s / 6h + V / 16 l h), is
+ours with full remat plus the vocabulary layer; that layer is not part of a vision transformer, so
+its share is reported (`vocab_share`).
 
 Table 1 (weak scaling, tensor + pipeline + data parallelism) and Table 2 (GPT-3 175B: the same
 against ZeRO-3, data parallelism with every parameter, gradient and optimizer state sharded).
@@ -78,7 +79,7 @@ def inputs_for(row: Row, gpus: int | None = None, efficiency: float | None = Non
                       nvlink_domain=8, efficiency=gpu.efficiency if efficiency is None else efficiency,
                       param_bytes=param_bytes(shape, 2.0), validate=validator(shape, row.batch), axes=axes,
                       schedule="1f1b", megatron_1f1b=True, remat_options=("full",), optimizer_state=6.0,
-                      probability_bytes=2)
+                      probability_bytes=2, weight_temporaries=0.0)
 
 
 def achieved_tflops(candidate: Candidate, inputs: PlanInputs) -> float:
@@ -126,21 +127,42 @@ def replay_row(row: Row, efficiency: float | None = None) -> dict:
             else f"accum={published.microbatches}",
             "pick": str(pick.mesh), "pick_tensor": pick.mesh.tensor, "pick_pipeline": pick.mesh.pipeline,
             "pick_tflops": achieved_tflops(pick, inputs), "pick_with_fsdp": str(with_fsdp.mesh),
-            "vocab_share": vocab_share(row)}
+            "fsdp_pick_tensor": with_fsdp.mesh.tensor, "fsdp_pick_pipeline": with_fsdp.mesh.pipeline,
+            "fsdp_pick_tflops": achieved_tflops(with_fsdp, inputs), "vocab_share": vocab_share(row)}
+
+
+def gpt3_row(gpus: int, efficiency: float | None = None, overlap: float | None = None) -> dict:
+    """Table 2 at `gpus`: ZeRO-3 (fsdp over every GPU, weights gathered again for the backward)
+    against tensor 8 x pipeline 12 x data; `overlap`: the planner's overlap efficiency (default its own)."""
+    options = {} if overlap is None else {"overlap_efficiency": overlap}
+    model_parallel = dataclasses.replace(inputs_for(GPT3, gpus, efficiency), **options)
+    mesh = MeshSpec(pipeline=12, data=gpus // 96, tensor=8)
+    ptdp_tflops = achieved_tflops(best_for_mesh(model_parallel, mesh, any_fit=True), model_parallel)
+    sharded = dataclasses.replace(inputs_for(GPT3, gpus, efficiency, axes=("fsdp",)), fsdp_gathers=2,
+                                  fsdp_collectives_per_layer=6, accumulation=False, **options)
+    zero3_tflops = achieved_tflops(best_for_mesh(sharded, MeshSpec(fsdp=gpus), any_fit=True), sharded)
+    ptdp, zero3 = (dict(zip(GPT3_GPUS, published, strict=True))[gpus] for published in (GPT3_PTDP, GPT3_ZERO3))
+    return {"gpus": gpus, "ptdp_tflops": ptdp_tflops, "zero3_tflops": zero3_tflops,
+            "ratio": zero3_tflops / ptdp_tflops, "published_ptdp": ptdp, "published_zero3": zero3,
+            "published_ratio": zero3 / ptdp}
 
 
 def replay_gpt3(efficiency: float | None = None) -> list[dict]:
-    """Table 2: ZeRO-3 (fsdp over every GPU, weights gathered again for the backward) against
-    tensor 8 x pipeline 12 x data, at 384, 768 and 1536 GPUs."""
-    rows = []
-    for gpus, ptdp, zero3 in zip(GPT3_GPUS, GPT3_PTDP, GPT3_ZERO3, strict=True):
-        model_parallel = inputs_for(GPT3, gpus, efficiency)
-        mesh = MeshSpec(pipeline=12, data=gpus // 96, tensor=8)
-        ptdp_tflops = achieved_tflops(best_for_mesh(model_parallel, mesh, any_fit=True), model_parallel)
-        sharded = dataclasses.replace(inputs_for(GPT3, gpus, efficiency, axes=("fsdp",)), fsdp_gathers=2,
-                                      fsdp_collectives_per_layer=6, accumulation=False)
-        zero3_tflops = achieved_tflops(best_for_mesh(sharded, MeshSpec(fsdp=gpus), any_fit=True), sharded)
-        rows.append({"gpus": gpus, "ptdp_tflops": ptdp_tflops, "zero3_tflops": zero3_tflops,
-                     "ratio": zero3_tflops / ptdp_tflops, "published_ptdp": ptdp, "published_zero3": zero3,
-                     "published_ratio": zero3 / ptdp})
-    return rows
+    """Table 2 at 384, 768 and 1536 GPUs (`gpt3_row`)."""
+    return [gpt3_row(gpus, efficiency) for gpus in GPT3_GPUS]
+
+
+OVERLAP_CALIBRATION_GPUS = 384
+"""The one Table 2 row the overlap efficiency is fitted on; the planner is judged on the others."""
+
+
+def fit_overlap_efficiency(grid: np.ndarray | None = None) -> float:
+    """The overlap efficiency (`planner.OVERLAP_EFFICIENCY`) whose ZeRO-3 / PTD-P ratio at
+    OVERLAP_CALIBRATION_GPUS is nearest the published one (0.94), on a grid of 0.05."""
+    grid = np.arange(0.0, 1.0001, 0.05) if grid is None else grid
+
+    def miss(overlap: float) -> float:
+        row = gpt3_row(OVERLAP_CALIBRATION_GPUS, overlap=overlap)
+        return abs(row["ratio"] - row["published_ratio"])
+
+    return float(min(grid, key=miss).round(3))

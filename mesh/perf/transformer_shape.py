@@ -61,10 +61,11 @@ def param_bytes(shape: ModelShape, bytes_per_param: float = 4.0) -> Callable[[Me
     return on
 
 
-def validator(shape: ModelShape, global_batch: int) -> Callable[[MeshSpec, int, int], str | None]:
-    """What a Megatron-style run of the shape requires of a mesh and its schedule."""
+def validator(shape: ModelShape, global_batch: int) -> Callable[[MeshSpec, int, int, str], str | None]:
+    """What a Megatron-style run of the shape requires of a mesh and its schedule (the same for
+    either pipeline schedule)."""
 
-    def check(mesh: MeshSpec, microbatches: int, repeats: int) -> str | None:
+    def check(mesh: MeshSpec, microbatches: int, repeats: int, schedule: str = "circular") -> str | None:
         if shape.heads % mesh.tensor or shape.mlp_dim % mesh.tensor:
             return f"tensor={mesh.tensor} does not divide heads {shape.heads} and mlp {shape.mlp_dim}"
         if global_batch % mesh.batch_shards:

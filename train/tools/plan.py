@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING
 # `--help` imports no JAX: the tables its flags name (GPUs, mesh axes, schedules, formats) are plain
 # Python; what builds a model (triskele.train.tools.planning: JAX, Flax) loads once a plan runs.
 from triskele.mesh.perf.hardware import GPUS, Gpu, get_gpu
-from triskele.mesh.perf.planner import SCHEDULES, SIMPLICITY_MARGIN, PlanInputs, candidates, explain, scaling
+from triskele.mesh.perf.planner import (
+    BEST_SCHEDULE,
+    SCHEDULES,
+    SIMPLICITY_MARGIN,
+    PlanInputs,
+    candidates,
+    explain,
+    scaling,
+)
 from triskele.mesh.perf.roofline import FORMAT_BYTES, roofline
 from triskele.mesh.perf.run_cost import ownership, run_cost
 from triskele.mesh.perf.transformer_shape import parse_shape
@@ -109,8 +117,9 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--efficiency", type=float, help="share of peak the matmuls reach (default: the GPU's)")
     parser.add_argument("--gpu-memory-gb", type=float, help="plan for this much memory per GPU")
     parser.add_argument("--axes", help=f"mesh axes the planner may use (default all: {','.join(MESH_AXES)})")
-    parser.add_argument("--schedule", choices=SCHEDULES, default="circular",
-                        help="pipeline schedule: circular (triskele's) or 1f1b (Megatron-LM's interleaved)")
+    parser.add_argument("--schedule", choices=(*SCHEDULES, BEST_SCHEDULE), default=BEST_SCHEDULE,
+                        help="pipeline schedule: circular, 1f1b (interleaved for repeats > 1), or best (both "
+                             "priced, each mesh's faster kept)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--top", type=int, default=10, help="rows of the ranking to print")
     parser.add_argument("--scaling", action="store_true", help="predicted scaling from 8 to 1,024 GPUs")
@@ -250,7 +259,7 @@ def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int, tok
           f"({inputs.gpu.efficiency_source}): {len(ranked)} valid meshes, {sum(c.fits for c in ranked)} fit")
     rows = [c.row() for c in ranked]
     throughput = per_second(rows, "images_per_s", inputs.shape, tokens)
-    columns = ["mesh", "microbatches", "grad_accum", "remat", "memory_GB", "fits", "compute_ms", "comm_ms",
+    columns = ["mesh", "schedule", "microbatches", "grad_accum", "remat", "memory_GB", "fits", "compute_ms", "comm_ms",
                "exposed_comm_ms", "bubble", "step_ms", "rank_ms", throughput, "mfu"]
     if args.cost:
         rows = _with_cost(rows, args, inputs.gpu, batch, lambda row: args.devices)
@@ -262,7 +271,7 @@ def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int, tok
     if not best.fits:
         print(f"nothing fits in {inputs.gpu.name}'s memory: add devices or lower the batch")
     print(f"\npick: {pick_flags(best)}")
-    for line in explain(best, inputs):
+    for line in explain(best, inputs, ranked):
         print("  " + line)
     if args.cost:
         top = rows[0]

@@ -84,10 +84,10 @@ def plan_inputs(config: Config, gpu_name: Gpu | str, devices: int, nodes: int | 
     gpu, nodes = _cluster(gpu_name, devices, nodes)
     model = abstract_model(config) if model is None else model
 
-    def check(mesh: MeshSpec, microbatches: int, repeats: int) -> str | None:
+    def check(mesh: MeshSpec, microbatches: int, repeats: int, schedule: str = "circular") -> str | None:
         if mesh.pipeline > 1:
             trial = dataclasses.replace(config, pipeline=dataclasses.replace(
-                config.pipeline, microbatches=microbatches, repeats=repeats), mesh=str(mesh))
+                config.pipeline, microbatches=microbatches, repeats=repeats, schedule=schedule), mesh=str(mesh))
         else:
             trial = dataclasses.replace(config, optim=dataclasses.replace(config.optim, grad_accum=microbatches),
                                         mesh=str(mesh))
@@ -130,7 +130,8 @@ def pick_flags(best: Candidate) -> str:
     """The training flags that apply a candidate: its mesh, schedule or accumulation, remat."""
     flags = f"--mesh {best.mesh}"
     if best.mesh.pipeline > 1:
-        flags += f" --set pipeline.microbatches={best.microbatches} --set pipeline.repeats={best.repeats}"
+        flags += (f" --set pipeline.schedule={best.schedule} --set pipeline.microbatches={best.microbatches}"
+                  f" --set pipeline.repeats={best.repeats}")
         if not best.gather_once:
             flags += " --set pipeline.gather_once=false"
     elif best.microbatches > 1:
@@ -145,5 +146,5 @@ def apply_pick(config: Config, best: Candidate) -> Config:
         config, mesh=str(best.mesh), model=dataclasses.replace(config.model, remat=best.remat),
         optim=dataclasses.replace(config.optim, grad_accum=best.microbatches if best.mesh.pipeline == 1 else 1),
         pipeline=dataclasses.replace(config.pipeline, microbatches=best.microbatches, repeats=best.repeats,
-                                     gather_once=best.gather_once)
+                                     gather_once=best.gather_once, schedule=best.schedule)
         if best.mesh.pipeline > 1 else config.pipeline)

@@ -61,7 +61,7 @@ def predict(parts: RunParts, mesh: Mesh | jax.sharding.AbstractMesh | None = Non
     return Prediction(
         model_flops_per_device=flops.per_device(sizes),
         executed_flops_per_device=flops.executed_per_device(sizes, pipeline.microbatches, pipeline.repeats,
-                                                            config.model.remat),
+                                                            config.model.remat, pipeline.schedule),
         collectives=collectives.by_kind(),
         params=params,
         memory={**dataclasses.asdict(memory), "total": memory.total},
