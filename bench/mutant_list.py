@@ -130,6 +130,22 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{PIPELINE_1F1B}::test_every_microbatch_passes_each_virtual_stage_forward_then_backward_once[4-1-7]",),
            "the 1f1b ring holds one stage input fewer than the first stage's wait: a later forward "
            "overwrites the input a backward still needs"),
+    # --- the planner prices what the runtime runs (issue 33) ---------------------------------
+    Mutant("planner-1f1b-without-its-recompute", "mesh/perf/formulas.py", "block_passes",
+           "return (forward + backward * (4 + recompute)) / (3 * passes)",
+           "return (forward + backward * (3 + recompute)) / (3 * passes)",
+           (f"{PIPELINE_1F1B}::test_the_planner_prices_what_each_schedule_executes",),
+           "triskele's 1f1b priced without the forward its backward loop reruns: fewer FLOPs than the HLO runs"),
+    Mutant("planner-pipeline-weight-temporaries-dropped", "mesh/perf/formulas.py", "weight_temporaries_on",
+           "return PIPELINE_WEIGHT_TEMPORARIES if mesh.pipeline > 1 else WEIGHT_TEMPORARIES",
+           "return WEIGHT_TEMPORARIES",
+           (f"{PIPELINE_1F1B}::test_the_planner_prices_the_compiled_pipeline_memory",),
+           "a pipeline's step priced without the two parameter-sized buffers XLA holds: memory under 80% of it"),
+    Mutant("planner-overlap-for-free", "mesh/perf/planner.py", "overlapped_seconds",
+           "return max(0.0, comm - hidden) + (1 - efficiency) * min(comm, hidden)",
+           "return max(0.0, comm - hidden)",
+           ("tests/test_published.py::test_zero3_against_tensor_and_pipeline_parallelism",),
+           "collectives hidden under the backward cost nothing: ZeRO-3 predicted 1.15x tensor+pipeline at 384 GPUs"),
     # --- domain metrics -----------------------------------------------------------------------
     Mutant("mars-iou-union-double-counts", "train/domains/mars/metrics.py", "confusion_metrics",
            "union = truth + predicted - true_positive", "union = truth + predicted",
