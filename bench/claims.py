@@ -142,8 +142,10 @@ def tensor_in_nvlink_domains(ms: list[Model]) -> dict:
             "figure": f"{TEN_X} on 576 B200, batch {8 * devices}: " + "; ".join(parts),
             "agrees": "yes" if min(tensors) > 1 else ("partly" if max(tensors) > 1 else "no"),
             "rule": "yes: the pick uses tensor > 1 in every domain; partly: in some",
-            "term": "tensor's per-block all-reduces sit on the critical path; fsdp's gathers and pipeline sends "
-                    "hide or cost little: the model fits without splitting its matmuls"}
+            "term": "tensor's per-block all-reduces sit on the critical path, fsdp's gathers hide under the "
+                    "backward: tensor > 1 only in the domains of "
+                    f"{', '.join(str(d) for d, t in zip(NVLINK_DOMAINS, tensors, strict=True) if t > 1) or 'none'}"
+                    " GPUs"}
 
 
 def pipeline_bubble() -> dict:
