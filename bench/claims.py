@@ -27,6 +27,7 @@ from triskele.mesh.perf.roofline import roofline
 from triskele.mesh.perf.transformer_shape import block_params
 from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MeshSpec
+from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.config import make_config
 from triskele.train.tools.planning import abstract_model, plan_inputs, shape_inputs
 
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_readme:
         text = README.read_text()
         readme_claims(text)
-        README.write_text(MARKERS.sub(lambda m: m.group(1) + table + m.group(3), text))
+        write_atomically(README, MARKERS.sub(lambda m: m.group(1) + table + m.group(3), text).encode())
     return 0
 
 
