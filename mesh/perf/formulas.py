@@ -216,8 +216,8 @@ gradients, with a pipeline: read off XLA's buffer assignment of the train step (
 pipeline=4,data=2, M=4, CPU; `--xla_dump_to`): the gradients divided by the loss weight (`g /
 weight`, live with the gradients while optax clips and updates) and a second copy of the stage's
 gradient accumulator (the backward loop's carry and the buffer its update writes). The compiled
-temporaries less the activations priced come to 3.0-3.5x the parameters at M = 4-16 under 1f1b
-(2.7-3.6x circular at M = 4, 8); tests/test_pipeline_1f1b.py holds the totals within 20%."""
+temporaries less the activations priced come to 3.0-3.3x the parameters at M = 4-16 under 1f1b
+(2.9-3.3x circular at M = 4, 8); tests/test_pipeline_1f1b.py holds the totals within 20%."""
 WEIGHT_TEMPORARIES = 0.5
 """The same without a pipeline, where the gradients come out of one backward: merch-tiny on data=8
 measured 1.48x its parameters of temporaries beyond the activations priced (one measurement)."""
