@@ -167,7 +167,7 @@ def tree_files(root: Path) -> list[str]:
     listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
     if listed.returncode == 0 and (root / ".git").exists():
         return sorted({f for f in listed.stdout.split("\0") if f and (root / f).is_file()})
-    skip = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "build"}
+    skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "build"}
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
                   if p.is_file() and not skip & set(p.relative_to(root).parts)
                   and not any(part.endswith(".egg-info") for part in p.parts))
