@@ -32,6 +32,7 @@ from tqdm import tqdm
 from triskele.mesh.chunks import run_groups
 from triskele.train.bookkeeping.files import remove_partials, write_atomically
 from triskele.train.bookkeeping.stop import StopRequest
+from triskele.train.data.images import exif_note
 from triskele.train.data.pipeline import prefetched
 
 STATE_DIR = ".triskele-predict"
@@ -254,6 +255,8 @@ class _Writer:
         while (item := self.queue.get()) is not None:
             try:
                 row = self.io.write(item.unit, item.context, item.outputs, self.out_dir)
+                if isinstance(row, dict):
+                    row = {**row, **exif_note(item.unit.paths[0])}
                 self.journal.record(item.unit, row, self.stamps[item.unit.key], self.manifest)
                 self.written += 1
             except Exception as err:  # an output that cannot be written: reported at the end, the rest go on
@@ -371,6 +374,7 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
         errors = [(u.key, reason) for u in units if (reason := journal.error(u)) is not None]
         rows = [row for u in units if (row := journal.row(u)) is not None]
         files_written = io.finish(rows, out_dir)
+        summary["turned_by_exif_orientation"] = sum("exif_orientation" in row for row in rows)
         _write_errors(out_dir, errors)
         summary["files"] = files_written + (["errors.csv"] if errors else [])
         write_atomically(out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())

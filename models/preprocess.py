@@ -45,9 +45,28 @@ def square_crop_box(width: int, height: int) -> tuple[int, int, int, int]:
     return left, top, left + side, top + side
 
 
+HIGH_DEPTH_RANGES = {"I;16": 65535, "I;16B": 65535, "I;16L": 65535, "I;16N": 65535, "I": 2**31 - 1, "F": 1.0}
+"""PIL's single-channel modes deeper than 8 bits -> the sample value shown as white: the type's
+range for integers, 1.0 for floats (the model's range). PIL's own `convert("L")` clips them
+instead, so a 12-bit frame reads almost all white."""
+
+
+def scaled_to_8_bit(pixels: np.ndarray, white: float) -> np.ndarray:
+    """Samples in [0, `white`] as uint8 in [0, 255] (rounded; outside the range clipped)."""
+    return np.round(np.clip(np.asarray(pixels, np.float64) / white, 0.0, 1.0) * 255).astype(np.uint8)
+
+
+def eight_bit(image: Image.Image, white: float | None = None) -> Image.Image:
+    """`image` as a person sees it in 8 bits: a high-depth grayscale image scaled from its range
+    (`white`, else `HIGH_DEPTH_RANGES`); 8-bit, palette, LA, RGB(A) and CMYK images unchanged."""
+    if image.mode not in HIGH_DEPTH_RANGES:
+        return image
+    return Image.fromarray(scaled_to_8_bit(np.asarray(image), white or HIGH_DEPTH_RANGES[image.mode]), "L")
+
+
 def to_model_input(image: Image.Image, size: int, channels: int) -> np.ndarray:
     """(size, size, channels) float32 in [0, 1]: grayscale or RGB, centre square, bilinear resize."""
-    image = image.convert("L" if channels == 1 else "RGB")
+    image = eight_bit(image).convert("L" if channels == 1 else "RGB")
     image = image.crop(square_crop_box(*image.size)).resize((size, size), Image.BILINEAR)
     array = np.asarray(image, np.float32) / 255.0
     return array[..., None] if channels == 1 else array
@@ -56,7 +75,7 @@ def to_model_input(image: Image.Image, size: int, channels: int) -> np.ndarray:
 def to_frame(image: Image.Image, scale: float, channels: int) -> np.ndarray:
     """A whole frame for sliding-window segmentation: (round(H * scale), round(W * scale), channels)
     float32 in [0, 1], grayscale or RGB, resized bilinearly (not resized at scale 1)."""
-    image = image.convert("L" if channels == 1 else "RGB")
+    image = eight_bit(image).convert("L" if channels == 1 else "RGB")
     if scale != 1:
         size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
         image = image.resize(size, Image.BILINEAR)

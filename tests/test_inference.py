@@ -389,3 +389,25 @@ def test_outputs_stay_sharded_on_their_devices_and_mars_returns_only_its_logits(
         control = replicated.lower(model.params, batch).compile().as_text()
     assert program_cost(compiled, 8).collective_counts.get("all-gather", 0) == 0
     assert program_cost(control, 8).collective_counts.get("all-gather", 0) >= 1  # the check trips on a gather
+
+
+def test_a_16_bit_frame_and_a_sideways_photo_get_the_masks_of_their_8_bit_upright_twins(mars_run, tmp_path):
+    """The same picture stored in 8 bits, in 16 bits (each value times 257) and turned a quarter
+    (stored sideways, EXIF orientation 6): the same mask, and the summary counts the turned one."""
+    upright = np.random.default_rng(7).integers(0, 255, (36, 44), np.uint8)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    Image.fromarray(upright).save(folder / "eight.png")
+    Image.fromarray(upright.astype(np.uint16) * 257).save(folder / "sixteen.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(np.ascontiguousarray(np.rot90(upright, 1))).save(folder / "phone.png", exif=exif.tobytes())
+    model = load_model(mars_run, mesh="data=8")
+    from triskele.eval.domains.mars import predict_io
+
+    summary = predict_files(model, predict_io(model.meta, {}), folder, tmp_path / "out", progress=False)
+    assert summary["written"] == 3 and summary["turned_by_exif_orientation"] == 1
+    masks = {name: np.asarray(Image.open(tmp_path / "out" / f"{name}.png")) for name in ("eight", "sixteen", "phone")}
+    assert masks["eight"].shape == (36, 44) and len(np.unique(masks["eight"])) > 1
+    np.testing.assert_array_equal(masks["sixteen"], masks["eight"])
+    np.testing.assert_array_equal(masks["phone"], masks["eight"])

@@ -1,9 +1,11 @@
 """Reading images and masks from disk, with errors that name the file; what the pixels then become
 is `triskele.models.preprocess`.
 
-Every reader of every domain opens its files here: only the formats listed (`IMAGE_FORMATS`) are
-opened, and an image whose header declares more pixels than `limits.image_pixels` is refused
-before a pixel is decoded (`triskele.train.config.InputLimits`). Anything else that goes wrong
+Every reader of every domain opens its files here, and sees each picture as a person does: turned
+by its EXIF orientation (a phone's portrait stored sideways), and a 16-bit frame scaled from its
+bit depth rather than clipped to white. Only the formats listed (`IMAGE_FORMATS`) are opened, and
+an image whose header declares more pixels than `limits.image_pixels` is refused before a pixel
+is decoded (`triskele.train.config.InputLimits`). Anything else that goes wrong
 while decoding one file is a ValueError naming it, which predict lists in errors.csv and
 `data.bad_records=skip` skips.
 """
@@ -15,9 +17,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-from triskele.models.preprocess import to_model_input
+from PIL import ExifTags, Image, ImageOps
+from triskele.models.preprocess import eight_bit, scaled_to_8_bit, to_model_input
 from triskele.train.config import InputLimits
+from triskele.train.data.png import png_depth
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".JPG", ".JPEG", ".PNG")
 IMAGE_FORMATS = ("PNG", "JPEG")
@@ -119,23 +122,102 @@ def _opened(path: ImageSource, limits: InputLimits | None, formats: tuple[str, .
     return image
 
 
-def open_image(path: ImageSource, limits: InputLimits | None = None, formats: tuple[str, ...] = IMAGE_FORMATS
-               ) -> Image.Image:
-    """The decoded image; ValueError naming the file if it is not one of `formats`, declares more
-    pixels than `limits.image_pixels` (both checked before decoding) or does not decode."""
+_TURNED = (5, 6, 7, 8)
+"""EXIF orientations that swap width and height (a quarter turn, with or without a mirror)."""
+
+
+def _orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1-8) of an opened image; 1 (as stored) without one or for a bad value."""
+    orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+    return orientation if orientation in range(1, 9) else 1
+
+
+def exif_orientation(path: ImageSource, limits: InputLimits | None = None) -> int:
+    """The EXIF orientation the readers apply to the file (1: none), from its header."""
+    with _opened(path, limits, IMAGE_FORMATS) as image:
+        return _orientation(image)
+
+
+_ORIENTED = {2: lambda a: a[:, ::-1], 3: lambda a: a[::-1, ::-1], 4: lambda a: a[::-1],
+             5: lambda a: a.swapaxes(0, 1), 6: lambda a: np.rot90(a, -1), 7: lambda a: a[::-1, ::-1].swapaxes(0, 1),
+             8: lambda a: np.rot90(a, 1)}
+"""EXIF orientation -> the array (rows, columns, ...) as displayed: what `ImageOps.exif_transpose`
+does to a PIL image, for samples that PIL cannot hold (16-bit colour)."""
+
+
+def exif_note(path: ImageSource) -> dict[str, int]:
+    """`{"exif_orientation": N}` for an image that the readers turn by its EXIF orientation N (2-8),
+    which an output carries to say it is as the photo is displayed, not as it is stored; `{}` for
+    any other input (a video, an image without one, a file that no longer reads)."""
+    if isinstance(path, Path) and path.suffix not in IMAGE_SUFFIXES:
+        return {}
+    try:
+        orientation = exif_orientation(path)
+    except ValueError:
+        return {}
+    return {"exif_orientation": orientation} if orientation != 1 else {}
+
+
+def _decoded(path: ImageSource, limits: InputLimits | None, formats: tuple[str, ...]) -> tuple[Image.Image, int]:
+    """The decoded image, samples and orientation as stored, and its EXIF orientation."""
     image = _opened(path, limits, formats)
     try:
         image.load()
+        return image, _orientation(image)
     except Exception as err:  # noqa: BLE001 - a decoder's failure on one crafted file is that file's error
         image.close()
         raise _unreadable(path, _reason(err)) from None
-    return image
+
+
+def _turned(image: Image.Image, orientation: int) -> Image.Image:
+    return ImageOps.exif_transpose(image) if orientation != 1 else image
+
+
+def _sixteen_bit_colour(path: ImageSource) -> np.ndarray:
+    """A 16-bit RGB(A) PNG's samples (rows, columns, 3 or 4) as stored: PIL keeps only their high
+    byte, so OpenCV decodes them."""
+    import cv2
+
+    data = path.data if isinstance(path, EncodedImage) else Path(path).read_bytes()
+    stored = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if stored is None or stored.dtype != np.uint16 or stored.ndim != 3:
+        raise _unreadable(path, "a 16-bit colour PNG that does not decode as 16 bits")
+    return stored[..., [2, 1, 0, 3][: stored.shape[-1]]]
+
+
+def _white(samples: np.ndarray, significant_bits: int | None) -> int:
+    """The 16-bit sample value shown as white: sBIT's maximum where every sample fits in its
+    significant bits (a 12-bit camera's values stored as they are), 65535 otherwise (samples scaled
+    up to 16 bits, as the PNG specification asks)."""
+    if significant_bits is not None and significant_bits < 16 and samples.max() < (1 << significant_bits):
+        return (1 << significant_bits) - 1
+    return 65535
+
+
+def open_image(path: ImageSource, limits: InputLimits | None = None, formats: tuple[str, ...] = IMAGE_FORMATS
+               ) -> Image.Image:
+    """The decoded image as a person sees it: turned by its EXIF orientation, and a 16-bit PNG in 8
+    bits scaled from its bit depth (`_white`); 8-bit images as stored. ValueError naming the file if
+    it is not one of `formats`, declares more pixels than `limits.image_pixels` (both checked before
+    decoding) or does not decode."""
+    image, orientation = _decoded(path, limits, formats)
+    depth = png_depth(_head(path, 1 << 16)) if image.format == "PNG" else None
+    if depth is None or depth.bits != 16 or depth.colour_type not in (0, 2, 6):
+        return eight_bit(_turned(image, orientation))
+    if depth.colour_type == 0:
+        samples = np.asarray(_turned(image, orientation))
+    else:
+        samples = _ORIENTED.get(orientation, lambda a: a)(_sixteen_bit_colour(path))
+    mode = {0: "L", 2: "RGB", 6: "RGBA"}[depth.colour_type]
+    return Image.fromarray(scaled_to_8_bit(samples, _white(samples, depth.significant_bits)), mode)
 
 
 def image_size(path: ImageSource, limits: InputLimits | None = None) -> tuple[int, int]:
-    """(width, height) from the file header, checked as `open_image` checks it, without decoding the pixels."""
+    """(width, height) as displayed (after the EXIF orientation) from the file header, checked as
+    `open_image` checks it, without decoding the pixels."""
     with _opened(path, limits, IMAGE_FORMATS) as image:
-        return image.size
+        width, height = image.size
+        return (height, width) if _orientation(image) in _TURNED else (width, height)
 
 
 def read_image(path: ImageSource, size: int, channels: int, limits: InputLimits | None = None) -> np.ndarray:
@@ -145,7 +227,7 @@ def read_image(path: ImageSource, size: int, channels: int, limits: InputLimits 
 
 def read_mask(path: Path, like: Path | None = None, limits: InputLimits | None = None) -> np.ndarray:
     """A single-channel uint8 mask at its own resolution; `like` is an image it must match in size."""
-    mask = open_image(path, limits)
+    mask = _turned(*_decoded(path, limits, IMAGE_FORMATS))
     if mask.mode not in ("L", "P", "1", "I", "I;16"):
         mask = mask.convert("L")
     if like is not None:

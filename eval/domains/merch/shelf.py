@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 from triskele.train.config import InputLimits
+from triskele.train.data.images import exif_note
 from triskele.train.domains.merch.alignment import GAP_FILL, STATUSES, near_skus, shelf_facings, shelf_report
 from triskele.train.domains.merch.data import EMPTY
 from triskele.train.domains.merch.tiles import merge_tiles, read_picture, tile_origins
@@ -158,7 +159,8 @@ class ShelfIO:
         picture = read_picture(unit.paths[0], self.scale, self.limits)
         photo = np.asarray(picture, np.float32) / 255.0
         return photo_tiles(photo, self.tile, self.overlap), {"photo": unit.key, "shelves": shelves,
-                                                             "size": photo.shape[:2], "picture": picture}
+                                                             "size": photo.shape[:2], "picture": picture,
+                                                             "exif": exif_note(unit.paths[0])}
 
     def report(self, context, outputs: dict[str, np.ndarray]) -> dict[str, Any]:
         """The photo's report from its tiles' outputs, as NAME.json holds it: the photo's name, every
@@ -167,8 +169,9 @@ class ShelfIO:
         height, width = context["size"]
         boxes, scores, embeddings = facings_of(outputs, height, width, self.tile, self.overlap, self.threshold)
         skus, cosines, accepts = recognise(embeddings, self.gallery, self.unknown)
-        return {"photo": context["photo"], **shelf_report(boxes / self.scale, scores, skus, cosines,
-                                                          context["shelves"], accepts, width / self.scale)}
+        return {"photo": context["photo"], **context["exif"],
+                **shelf_report(boxes / self.scale, scores, skus, cosines, context["shelves"], accepts,
+                               width / self.scale)}
 
     serving_inputs = {"planogram": ("BYTES", [-1])}
     """What the server takes beside each photo (`image`): its planogram, the `shelves` JSON (optional;
