@@ -532,4 +532,13 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{CROPS}::test_a_box_run_predicts_on_box_crops_with_the_extra_installed",),
            "predict aligns every run's video faces, as it did wherever the landmarks extra was installed: a box run "
            "(or one saved before deepfake.face_crops) scores crops unlike those it trained on"),
+    Mutant("sixteen-bit-clipped", "train/data/images.py", "_white",
+           "    return 65535", "    return 255",
+           ("tests/test_pixel_formats.py::test_16_bit_grey_is_scaled_from_the_type_range_without_sbit",),
+           "a 16-bit frame without sBIT clipped to 8 bits as PIL's convert('L') does: a 12-bit ramp reads white"),
+    Mutant("face-track-by-size-alone", "train/domains/deepfake/faces.py", "track_weight",
+           "(max(scores.get(frame, 1.0), 0.0) + CONFIDENCE_FLOOR)", "1.0",
+           ("tests/test_face_choice.py::test_a_still_portrait_video_tracks_the_face_not_the_patch_in_predict_and_prepare",),
+           "the video's face chosen by box size and frames alone: the astronaut's mission patch (dlib score < 0.1, "
+           "a larger box) is tracked and scored instead of her face"),
 )

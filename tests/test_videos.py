@@ -23,7 +23,7 @@ pytest.importorskip("skimage", reason="the test videos need scikit-image's sampl
 from triskele.eval.cli import main as eval_main  # noqa: E402
 from triskele.train.cli import main as train_main  # noqa: E402
 from triskele.train.domains.deepfake.data import FaceFrames  # noqa: E402
-from triskele.train.domains.deepfake.faces import crop_face, largest_track, link_cost, video_faces  # noqa: E402
+from triskele.train.domains.deepfake.faces import crop_face, link_cost, main_track, video_faces  # noqa: E402
 from triskele.train.domains.deepfake.video import count_frames, sample_frames  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("videos")  # one prepared tree and run shared by the module
@@ -74,10 +74,10 @@ def test_tracks_link_by_motion_for_the_face_size_and_a_passer_by_never_takes_ove
     face = [(100 + 60 * i, 100, 200 + 60 * i, 200) for i in range(6)]  # 0.6 of its width per sample
     passer = (400, 380, 460, 440)  # beside the face in frames 1-4, on its own in frame 5
     boxes = [[face[0]], [face[1], passer], [face[2], passer], [passer], [face[4], passer], [passer]]
-    assert largest_track(boxes) == [face[0], face[1], face[2], None, face[4], None]
+    assert main_track(boxes) == [face[0], face[1], face[2], None, face[4], None]
     jumped = (900, 100, 1000, 200)  # far beyond reach, but the only face and no other track competes
-    assert largest_track([[face[0]], [face[1]], [jumped], [face[3]]]) == [face[0], face[1], jumped, face[3]]
-    assert largest_track([[face[0]], [], [face[2]]]) == [face[0], None, face[2]]  # two samples apart: in reach
+    assert main_track([[face[0]], [face[1]], [jumped], [face[3]]]) == [face[0], face[1], jumped, face[3]]
+    assert main_track([[face[0]], [], [face[2]]]) == [face[0], None, face[2]]  # two samples apart: in reach
     assert link_cost(face[0], (100, 100, 300, 300), 1) is None  # twice the size: another face
     assert link_cost(face[0], face[1], 1) == pytest.approx(0.6) and link_cost(face[0], face[2], 1) is None
 
@@ -85,7 +85,7 @@ def test_tracks_link_by_motion_for_the_face_size_and_a_passer_by_never_takes_ove
 def test_tracking_and_cropping_on_hand_made_boxes():
     big, small = (100, 100, 200, 200), (10, 10, 40, 40)
     boxes = [[big], [small, (102, 101, 203, 199)], [small], [(104, 100, 205, 201)]]
-    assert largest_track(boxes) == [big, (102, 101, 203, 199), None, (104, 100, 205, 201)]
+    assert main_track(boxes) == [big, (102, 101, 203, 199), None, (104, 100, 205, 201)]
     frame = np.zeros((120, 160, 3), np.uint8)
     frame[40:80, 60:100] = 255
     crop = crop_face(frame, (60, 40, 100, 80), 26)  # 1.3 x 40 = 52 px square about (80, 60), resized

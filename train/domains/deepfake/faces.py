@@ -1,10 +1,12 @@
 """Faces as DeepfakeBench finds them: dlib's HOG frontal face detector on RGB frames, the face
-followed through a video as the largest track (boxes of sampled frames linked by how far the face
+followed through a video as its main track (boxes of sampled frames linked by how far the face
 moved for its size, so a face that moves between sparse samples stays one track and a passer-by
-does not switch the identity), the box enlarged 1.3x about its centre, made square, clipped to the
-frame and resized; or, for aligned crops (`crops`: the landmarks extra), the face's 68 landmarks
-found in its box and the crop aligned on 5 of them (`align`), the landmarks kept in the crop's
-pixels. A frame without the tracked face is counted and left out, with its reason."""
+does not switch the identity; the track chosen by its size, the detector's confidence and the
+frames it is in, so a face-like badge larger than the face does not win), the box enlarged 1.3x
+about its centre, made square, clipped to the frame and resized; or, for aligned crops (`crops`:
+the landmarks extra), the face's 68 landmarks found in its box and the crop aligned on 5 of them
+(`align`), the landmarks kept in the crop's pixels. A frame without the tracked face is counted and
+left out, with its reason."""
 
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ TRACK_REACH = 1.0
 """Face sizes a face's centre may move per sampled frame between two boxes of one track."""
 TRACK_SCALE = 1.5
 """Times a face's size may change between two boxes of one track."""
+CONFIDENCE_FLOOR = 0.05
+"""Added to dlib's detection score (0 at its threshold) so that a box the detector barely accepts
+still counts for its size and frames."""
 CROP_SIZE = 256
 """Pixels per side of a saved face crop (DeepfakeBench's); the model resizes to its input."""
 
@@ -33,15 +38,22 @@ Box = tuple[int, int, int, int]
 _LOCAL = threading.local()
 
 
-def detect_faces(frame: np.ndarray) -> list[Box]:
-    """Every frontal face dlib's HOG detector finds in an RGB frame (upsampled once when the
-    frame's shorter side is under 480 pixels, so faces from about 40 pixels are found)."""
+def scored_faces(frame: np.ndarray) -> list[tuple[Box, float]]:
+    """Every frontal face dlib's HOG detector finds in an RGB frame with its detection score (the
+    SVM's margin over its threshold, 0), upsampled once when the frame's shorter side is under 480
+    pixels, so faces from about 40 pixels are found."""
     if not hasattr(_LOCAL, "detector"):  # one per thread: a detector is neither shareable nor picklable
         import dlib
 
         _LOCAL.detector = dlib.get_frontal_face_detector()
     upsample = 1 if min(frame.shape[:2]) < 480 else 0
-    return [(r.left(), r.top(), r.right(), r.bottom()) for r in _LOCAL.detector(np.ascontiguousarray(frame), upsample)]
+    rects, scores, _ = _LOCAL.detector.run(np.ascontiguousarray(frame), upsample, 0.0)
+    return [((r.left(), r.top(), r.right(), r.bottom()), float(score)) for r, score in zip(rects, scores, strict=True)]
+
+
+def detect_faces(frame: np.ndarray) -> list[Box]:
+    """The boxes of `scored_faces`."""
+    return [box for box, _ in scored_faces(frame)]
 
 
 def _centre_and_size(box: Box) -> tuple[float, float, float]:
@@ -59,8 +71,18 @@ def link_cost(last: Box, box: Box, samples_apart: int) -> float | None:
     return cost if cost <= TRACK_REACH else None
 
 
-def largest_track(boxes: list[list[Box]]) -> list[Box | None]:
-    """Per sampled frame, the box of the track with the largest total area (None where it is absent).
+def track_weight(track: dict[int, Box], scores: dict[int, float]) -> float:
+    """How much a track is the video's face: over the frames it is in, each box's size (its longer
+    side) times the detector's confidence in it (`scores` by frame; `CONFIDENCE_FLOOR` added). A
+    face present in more frames, or found more surely, outweighs a larger box found once or barely
+    (a mission patch on a suit: dlib scores 0.12 where the face scores 1.16)."""
+    return sum(_centre_and_size(box)[2] * (max(scores.get(frame, 1.0), 0.0) + CONFIDENCE_FLOOR)
+               for frame, box in track.items())
+
+
+def main_track(boxes: list[list[Box]], scores: list[list[float]] | None = None) -> list[Box | None]:
+    """Per sampled frame, the box of the track with the largest `track_weight` (None where it is
+    absent); `scores`, the detector's score of each box (without them every box counts as 1).
 
     Sampled frames lie far apart (32 of a few hundred), so a box is linked to a track by how far its
     centre moved relative to the face's size and the samples between (`link_cost`), not by overlap:
@@ -69,6 +91,7 @@ def largest_track(boxes: list[list[Box]]) -> list[Box | None]:
     was found keeps that face when its own track never shares a frame with the chosen one (no other
     face competes: the detector's box jumped, the face did not change)."""
     tracks: list[dict[int, Box]] = []
+    confidence: list[dict[int, float]] = []
     owner: list[list[int]] = []
     for frame, found in enumerate(boxes):
         pairs = sorted((cost, t, b) for t, track in enumerate(tracks) for b, box in enumerate(found)
@@ -83,12 +106,14 @@ def largest_track(boxes: list[list[Box]]) -> list[Box | None]:
             if b not in linked:
                 linked[b] = len(tracks)
                 tracks.append({})
+                confidence.append({})
             tracks[linked[b]][frame] = box
+            confidence[linked[b]][frame] = scores[frame][b] if scores is not None else 1.0
             owner[frame].append(linked[b])
     if not tracks:
         return [None] * len(boxes)
-    area = [sum((b[2] - b[0]) * (b[3] - b[1]) for b in track.values()) for track in tracks]
-    chosen = max(range(len(tracks)), key=area.__getitem__)
+    weights = [track_weight(track, confident) for track, confident in zip(tracks, confidence, strict=True)]
+    chosen = max(range(len(tracks)), key=weights.__getitem__)
     path = [tracks[chosen].get(frame) for frame in range(len(boxes))]
     for frame, found in enumerate(boxes):
         if path[frame] is None and len(found) == 1 and not set(tracks[owner[frame][0]]) & set(tracks[chosen]):
@@ -136,29 +161,41 @@ class VideoFaces:
         return None if self.crops else f"no face in any of {self.frames_sampled} sampled frames"
 
 
-def _faces_in(frame: np.ndarray, size: int, crops: str) -> tuple[list[Box], dict[Box, tuple] | np.ndarray]:
-    """A sampled frame's face boxes and what is kept of it until the track is known: each box's
-    `face_crop`, or the frame itself where its crops would outweigh it (a crowd)."""
-    boxes = detect_faces(frame)
-    if len(boxes) * size * size > frame.shape[0] * frame.shape[1]:
-        return boxes, frame
-    return boxes, {box: face_crop(frame, box, size, crops) for box in boxes}
+def _faces_in(frame: np.ndarray, size: int, crops: str
+              ) -> tuple[list[tuple[Box, float]], dict[Box, tuple] | np.ndarray]:
+    """A sampled frame's scored face boxes and what is kept of it until the track is known: each
+    box's `face_crop`, or the frame itself where its crops would outweigh it (a crowd)."""
+    found = scored_faces(frame)
+    if len(found) * size * size > frame.shape[0] * frame.shape[1]:
+        return found, frame
+    return found, {box: face_crop(frame, box, size, crops) for box, _ in found}
+
+
+def photo_face(photo: np.ndarray, size: int, crops: str) -> tuple[Box, np.ndarray, np.ndarray | None] | None:
+    """A still photo's face as a video's is chosen (`main_track` of one frame): its box, its crop
+    by the method `crops` and its landmarks; None where the detector finds no face."""
+    found = scored_faces(photo)
+    if not found:
+        return None
+    box = main_track([[b for b, _ in found]], [[score for _, score in found]])[0]
+    return box, *face_crop(photo, box, size, crops)
 
 
 def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLimits | None = None, *,
                 crops: str) -> VideoFaces:
     """`frames` frames sampled uniformly over the decoded ones (the video read within `limits`),
-    the largest face track cropped by the method `crops` (`crops.FACE_CROPS`). Each frame's faces
+    the main face track (`main_track`) cropped by the method `crops` (`crops.FACE_CROPS`). Each frame's faces
     are found as it is decoded, so what is held per sampled frame is its face crops or, if smaller,
     the frame."""
     from triskele.train.domains.deepfake.video import sample_frames
 
     indices, found, total = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size, crops))
-    track = largest_track([boxes for boxes, _ in found])
+    track = main_track([[box for box, _ in scored] for scored, _ in found],
+                       [[score for _, score in scored] for scored, _ in found])
     faces = VideoFaces(total, len(found), [], [], [], {}, [])
-    for index, (boxes, kept), box in zip(indices, found, track, strict=True):
+    for index, (scored, kept), box in zip(indices, found, track, strict=True):
         if box is None:
-            faces.left_out[index] = "no face" if not boxes else "only faces off the tracked one"
+            faces.left_out[index] = "no face" if not scored else "only faces off the tracked one"
             continue
         faces.indices.append(index)
         faces.boxes.append(box)
