@@ -375,6 +375,9 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
         rows = [row for u in units if (row := journal.row(u)) is not None]
         files_written = io.finish(rows, out_dir)
         summary["turned_by_exif_orientation"] = sum("exif_orientation" in row for row in rows)
+        read_as = [row["read_as"] for row in rows if "read_as" in row]  # a domain's rows may say how each was read
+        if read_as:
+            summary["read_as"] = {kind: read_as.count(kind) for kind in sorted(set(read_as))}
         _write_errors(out_dir, errors)
         summary["files"] = files_written + (["errors.csv"] if errors else [])
         write_atomically(out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())

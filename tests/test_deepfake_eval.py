@@ -143,3 +143,54 @@ def test_video_detector_trains_on_clips(tmp_path, devices):
     summary = train(config, tmp_path, mesh=mesh_of("data=8"), progress=False)
     assert summary.final_step == 2 and np.isfinite(summary.last_loss)
     assert jnp.isfinite(summary.eval_metrics["eval_loss"])
+
+
+def test_a_folder_of_photos_is_scored_photo_by_photo_and_numbered_frames_as_one_video(trained, tmp_path):
+    """Still photos: each its own input, its face found (none in the coffee cup or the rocket: no
+    score, and why), a broken file listed alone; `--as video` reads the same folder as one video;
+    a folder of numbered frames stays one video; summary.json says how each input was read."""
+    from PIL import Image
+    from skimage import data
+    from videoutil import FACE
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.fromarray(data.astronaut()).save(photos / "astronaut.png")
+    Image.fromarray(data.coffee()).save(photos / "coffee.png")
+    Image.fromarray(data.rocket()).save(photos / "rocket.jpg")
+    (photos / "empty.png").write_bytes(b"")
+    out = tmp_path / "out"
+    command = ["predict", "--workdir", str(trained), "--input", str(photos), "--mesh", "data=8", "--no-progress"]
+    assert eval_main([*command, "--output", str(out)]) == 1  # one unreadable input
+    videos = {r["video"]: r for r in csv.DictReader((out / "videos.csv").open())}
+    assert set(videos) == {"astronaut.png", "coffee.png", "rocket.jpg"}
+    assert all(row["read_as"] == "photo" for row in videos.values())
+    face = videos["astronaut.png"]
+    assert (face["faces_found"], face["records"], face["reason"]) == ("1", "1", "")
+    assert 0 <= float(face["fake_probability"]) <= 1
+    for name in ("coffee.png", "rocket.jpg"):
+        assert (videos[name]["faces_found"], videos[name]["fake_probability"]) == ("0", "")
+        assert videos[name]["reason"] == "no face found in the photo"
+    (box,) = [r["box"] for r in csv.DictReader((out / "frames.csv").open()) if r["video"] == "astronaut.png"]
+    left, top, right, bottom = map(int, box.split())
+    assert abs((left + right) / 2 - (FACE[0] + FACE[2]) / 2) < 10
+    assert abs((top + bottom) / 2 - (FACE[1] + FACE[3]) / 2) < 10
+    errors = list(csv.DictReader((out / "errors.csv").open()))
+    assert [e["input"] for e in errors] == ["empty.png"] and "empty file" in errors[0]["reason"]
+    assert json.loads((out / "summary.json").read_text())["read_as"] == {"photo": 3}
+
+    as_video = tmp_path / "as-video"
+    assert eval_main([*command, "--output", str(as_video), "--as", "video"]) == 1
+    assert list(csv.DictReader((as_video / "videos.csv").open())) == []  # the empty frame fails the whole video
+    (photos / "empty.png").unlink()
+    assert eval_main([*command, "--output", str(tmp_path / "as-video-2"), "--as", "video"]) == 0
+    (row,) = csv.DictReader((tmp_path / "as-video-2" / "videos.csv").open())
+    assert (row["video"], row["records"], row["read_as"]) == ("photos", "3", "frames")
+
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for index in range(3):
+        Image.fromarray(np.asarray(data.astronaut())[60:200, 150:290]).save(frames / f"{index:06d}.png")
+    assert eval_main([*command[:3], "--input", str(frames), "--output", str(tmp_path / "f"), *command[5:]]) == 0
+    (row,) = csv.DictReader((tmp_path / "f" / "videos.csv").open())
+    assert (row["video"], row["records"], row["faces_found"], row["read_as"]) == ("frames", "3", "3", "frames")

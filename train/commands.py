@@ -57,16 +57,20 @@ class Flag:
     """A flag without a value (store_true)."""
     key: str | None = None
     """The config key the value sets (evaluation flags); None: an option handed to the domain's code."""
+    dest: str = ""
+    """The option's name in code (default: the flag's, `--save-faces` -> `save_faces`): a flag named by
+    a Python keyword (`--as`) gives another."""
 
-    @property
-    def dest(self) -> str:
-        return self.name.lstrip("-").replace("-", "_")
+    def __post_init__(self) -> None:
+        if not self.dest:
+            object.__setattr__(self, "dest", self.name.lstrip("-").replace("-", "_"))
 
     def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         if self.switch:
-            parser.add_argument(self.name, action="store_true", help=self.help)
+            parser.add_argument(self.name, action="store_true", help=self.help, dest=self.dest)
             return
-        parser.add_argument(self.name, help=self.help, type=self.type, choices=self.choices, metavar=self.metavar)
+        parser.add_argument(self.name, help=self.help, type=self.type, choices=self.choices, metavar=self.metavar,
+                            dest=self.dest)
 
 
 def add_domain_flags(parser: argparse.ArgumentParser, flags_by_domain: Mapping[str, Sequence[Flag]]) -> None:

@@ -29,14 +29,29 @@ class _Found:
     faces_found: int
     reason: str = ""
     crops: list[np.ndarray] | None = None
+    read_as: str = "video"
+    """How the input was read: a video file, a folder of its frames, or a photo."""
+
+
+READ_AS = ("video", "images")
+"""How a folder of images is read (`--as`): one video of face-crop frames, or each image a photo."""
+
+
+def holds_frames(files: list[Path]) -> bool:
+    """Whether a folder's images are a video's frames: every name a frame number (`000123.png`, as
+    `prepare` and DeepfakeBench's frame layouts write them); anything else is a folder of photos."""
+    return all(f.stem.isdigit() for f in files)
 
 
 class DeepfakeIO:
-    """Inputs are videos: a video file (.mp4 .avi .mov .mkv .webm), whose faces are found as DeepfakeBench
-    finds them (`triskele.train.domains.deepfake.faces`) and cropped as the run's were
-    (`meta["options"]["face_crops"]`: aligned on 5 landmarks, or the box; never by what is installed),
-    or a folder of face crops, read as they are (frames directly under the input root form one video
-    named after the root). The frame model scores `frames_per_video` frames (default
+    """Inputs are videos or photos: a video file (.mp4 .avi .mov .mkv .webm), whose faces are found as
+    DeepfakeBench finds them (`triskele.train.domains.deepfake.faces`) and cropped as the run's were
+    (`meta["options"]["face_crops"]`: aligned on 5 landmarks, or the box; never by what is installed);
+    a folder of a video's face crops, read as they are (frames directly under the input root form one
+    video named after the root); or a still photo, whose face is found and cropped as a video frame's
+    and scored on its own (none found: no score, and the reason). A folder of images is a video's
+    frames when every name is a frame number (`holds_frames`), else its images are photos; `read_as`
+    (`--as video|images`) says so instead. The frame model scores `frames_per_video` frames (default
     `PREDICT_FRAMES_PER_VIDEO`) sampled uniformly and a video gets their mean; the video model scores
     one clip of `model.frames` of them. `videos.csv` (video, frames_sampled, faces_found, records,
     fake_probability, reason: why a video has no score) and, for the frame model, `frames.csv` (per
@@ -44,7 +59,7 @@ class DeepfakeIO:
     (frame size and count from a video's header, pixels from a crop's)."""
 
     def __init__(self, meta: dict[str, Any], save_faces: Path | None = None, limits: InputLimits | None = None,
-                 frames_per_video: int | None = None):
+                 frames_per_video: int | None = None, read_as: str | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
         from triskele.train.domains.deepfake.crops import run_crops, usable_crops
         from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
@@ -58,6 +73,11 @@ class DeepfakeIO:
         self.save_faces = Path(save_faces) if save_faces else None
         self.limits = limits
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES} | set(VIDEO_SUFFIXES)))
+        if read_as not in (None, *READ_AS):
+            raise ValueError(f"--as {read_as!r}: choose {' or '.join(READ_AS)} (default: told by each folder's names)")
+        self.read_as = read_as
+        self.photos: set[str] = set()
+        """The keys of the units that are photos (`units`)."""
 
     def units(self, root: Path, files: list[Path]):
         from triskele.eval.engine import Unit, file_units
@@ -66,11 +86,18 @@ class DeepfakeIO:
 
         units = file_units(root, [f for f in files if f.suffix.lower() in VIDEO_SUFFIXES])
         folders: dict[Path, list[Path]] = {}
-        for frame in (f for f in files if f.suffix.lower() not in VIDEO_SUFFIXES):
-            folders.setdefault(frame.parent, []).append(frame)
-        units += [Unit(root.name if folder.resolve() == root.resolve() else relative_name(folder, root),
-                       tuple(sorted(frames))) for folder, frames in folders.items()]
-        return sorted(units, key=lambda u: u.key)
+        for image in (f for f in files if f.suffix.lower() not in VIDEO_SUFFIXES):
+            folders.setdefault(image.parent, []).append(image)
+        photos = []
+        for folder, images in folders.items():
+            if self.read_as == "images" or (self.read_as is None and not holds_frames(images)):
+                photos += images
+                continue
+            units.append(Unit(root.name if folder.resolve() == root.resolve() else relative_name(folder, root),
+                              tuple(sorted(images))))
+        photo_units = file_units(root, sorted(photos))
+        self.photos = {unit.key for unit in photo_units}
+        return sorted(units + photo_units, key=lambda u: u.key)
 
     def _records(self, crops: list, names: list[str], boxes: list[str], sampled: int) -> tuple[np.ndarray, _Found]:
         """The model's records from face crops (uint8 arrays or crop files), as training reads them."""
@@ -103,8 +130,25 @@ class DeepfakeIO:
             return self._sent_video(first, suffix)
         if first.suffix.lower() in VIDEO_SUFFIXES:
             return self._video(first, str(first))
+        if unit.key in self.photos:
+            return self._photo(first)
         chosen = sample_uniformly(list(unit.paths), self.per_video)
-        return self._records(chosen, [p.name for p in chosen], [""] * len(chosen), len(chosen))
+        records, found = self._records(chosen, [p.name for p in chosen], [""] * len(chosen), len(chosen))
+        found.read_as = "frames"
+        return records, found
+
+    def _photo(self, path: Path) -> tuple[np.ndarray, _Found]:
+        """A still photo: its face found and cropped as a video frame's (`photo_face`), scored alone."""
+        from triskele.train.data.images import open_image
+        from triskele.train.domains.deepfake.faces import photo_face
+
+        face = photo_face(np.asarray(open_image(path, self.limits).convert("RGB")), self.size, self.crops)
+        crops, boxes = ([face[1]], [" ".join(map(str, face[0]))]) if face else ([], [])
+        records, found = self._records(crops, [path.name] * len(crops), boxes, 1)
+        found.read_as = "photo"
+        found.reason = found.reason if face else "no face found in the photo"
+        found.crops = crops if self.save_faces else None
+        return records, found
 
     def _video(self, path: Path, name: str) -> tuple[np.ndarray, _Found]:
         """A video file's faces (errors call it `name`) into records, as predict reads it."""
@@ -151,10 +195,10 @@ class DeepfakeIO:
             buffer = io.BytesIO()
             Image.fromarray(crop).save(buffer, format="PNG")
             write_atomically(self.save_faces / unit.key / f"{name}.png", buffer.getvalue())
+        frames = [[n, p, b] for n, p, b in zip(found.names, scores, found.boxes, strict=False)]
         return {"video": unit.key, "frames_sampled": found.frames_sampled, "faces_found": found.faces_found,
                 "records": len(scores), "fake_probability": video_probability(outputs),
-                "reason": found.reason, "frames": [[n, p, b] for n, p, b in zip(found.names, scores, found.boxes,
-                                                                                 strict=False)]}
+                "reason": found.reason, "read_as": found.read_as, "frames": frames}
 
     def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
         from triskele.eval.engine import write_csv
@@ -164,9 +208,9 @@ class DeepfakeIO:
 
         written = ["videos.csv"]
         write_csv(out_dir / "videos.csv",
-                  ["video", "frames_sampled", "faces_found", "records", "fake_probability", "reason"],
+                  ["video", "frames_sampled", "faces_found", "records", "fake_probability", "reason", "read_as"],
                   [[r["video"], r["frames_sampled"], r["faces_found"], r["records"], score(r["fake_probability"]),
-                    r["reason"]] for r in rows])
+                    r["reason"], r.get("read_as", "video")] for r in rows])
         if self.clip == 1:
             write_csv(out_dir / "frames.csv", ["video", "frame", "fake_probability", "box"],
                       [[r["video"], name, score(p), box] for r in rows for name, p, box in r["frames"]])

@@ -131,7 +131,10 @@ DEEPFAKE = register(Domain(
                          "test protocol samples 32)", type=int, metavar="N", key="deepfake.frames_per_video")),
     predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),
                    Flag("--frames-per-video", "frames sampled per video or folder of crops (default 32, "
-                        "DeepfakeBench's, whatever the run trained on)", type=int, metavar="N")),
+                        "DeepfakeBench's, whatever the run trained on)", type=int, metavar="N"),
+                   Flag("--as", "read each folder of images as one video's face-crop frames or as photos scored "
+                        "each on its own (default: frames where every name is a frame number, else photos)",
+                        choices=("video", "images"), dest="read_as")),
     resume_options=("eval_methods", "face_crops"), legacy_defaults={"face_crops": OLD_RUNS}, clips=True,
     prepare=PREPARE,
 ))
