@@ -18,6 +18,9 @@ from triskele.train.commands import (
     Runner,
     add_coordinator_flags,
     add_domain_flags,
+    bounded,
+    file_in_folder,
+    folder,
     run_command_line,
 )
 from triskele.train.config import add_limits_flag, input_limits
@@ -25,10 +28,11 @@ from triskele.train.domains import Domain, domains
 
 
 def _common(parser: argparse.ArgumentParser, workdir_required: bool = True) -> None:
-    parser.add_argument("--workdir", required=workdir_required, help="the training run's folder (holds checkpoints/)")
+    parser.add_argument("--workdir", required=workdir_required, type=folder,
+                        help="the training run's folder (holds checkpoints/)")
     parser.add_argument("--mesh", help="mesh spec to run on, or auto (evaluation: the planner's pick); default: "
                         "all local devices on data")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--step", type=bounded(int, 0), help="checkpoint step (default: the latest)")
 
 
 def _evaluate(parser):
@@ -36,8 +40,10 @@ def _evaluate(parser):
     parser.add_argument("--split", default="test",
                         help="split to evaluate: test (default; the report's), val (held out of the training "
                              "data: what training selected its best checkpoint on) or train")
-    parser.add_argument("--output", metavar="DIR", help="folder for the report and its pictures (default: "
+    parser.add_argument("--output", metavar="DIR", type=folder, help="folder for the report and its pictures (default: "
                         "WORKDIR/eval/<step>; needed where the run's folder is read-only)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (evaluation draws none: accepted as train and predict accept it)")
     flags = {name: domain.evaluate_flags for name, domain in domains().items()}
     add_domain_flags(parser, flags)
 
@@ -53,15 +59,19 @@ def _evaluate(parser):
 def _predict(parser):
     parser.add_argument("--input", required=True,
                         help="a folder (searched recursively), a glob in quotes, or a .txt file of paths")
-    parser.add_argument("--output", required=True, help="folder for the predictions")
+    parser.add_argument("--output", required=True, type=folder, help="folder for the predictions")
     parser.add_argument("--exported", metavar="FILE", help="use this exported model instead of a checkpoint "
                                                            "(--workdir still finds what its run keeps beside the "
                                                            "model, e.g. a gallery index)")
-    parser.add_argument("--batch", type=int, help=f"records per batch (default {INFERENCE_BATCH_PER_DEVICE} per "
+    parser.add_argument("--batch", type=bounded(int, 1),
+                        help=f"records per batch (default {INFERENCE_BATCH_PER_DEVICE} per "
                                                   "device on data x fsdp)")
-    parser.add_argument("--workers", type=int, default=0, help="input worker processes (default 0: threads)")
-    parser.add_argument("--threads", type=int, default=4, help="input threads when --workers is 0 (default 4)")
-    parser.add_argument("--prefetch", type=int, default=8, help="inputs read ahead of the model (default 8)")
+    parser.add_argument("--workers", type=bounded(int, 0), default=0,
+                        help="input worker processes (default 0: threads)")
+    parser.add_argument("--threads", type=bounded(int, 1), default=4,
+                        help="input threads when --workers is 0 (default 4)")
+    parser.add_argument("--prefetch", type=bounded(int, 1), default=8,
+                        help="inputs read ahead of the model (default 8)")
     parser.add_argument("--overwrite", action="store_true",
                         help="predict every input again, also with another model or options than OUT's manifest")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -90,32 +100,32 @@ def _serve(parser):
 
     parser.add_argument("--exported", metavar="FILE", help="serve this exported model instead of a checkpoint")
     parser.add_argument("--host", default=d["host"], help=f"address to bind (default {d['host']}: this machine only)")
-    parser.add_argument("--port", type=int, default=d["port"], help=f"port (default {d['port']})")
+    parser.add_argument("--port", type=bounded(int, 0, 65535), default=d["port"], help=f"port (default {d['port']})")
     parser.add_argument("--name", help="the model's name in the routes (default: the run's domain)")
-    parser.add_argument("--max-batch", type=int, default=d["max_batch"],
+    parser.add_argument("--max-batch", type=bounded(int, 1), default=d["max_batch"],
                         help="largest batch compiled; sizes are data x fsdp devices times 1, 2, 4, ... up to it "
                              f"(default {d['max_batch']})")
-    parser.add_argument("--max-delay-ms", type=float, default=d["max_delay_ms"],
+    parser.add_argument("--max-delay-ms", type=bounded(float, 0), default=d["max_delay_ms"],
                         help=f"longest a request waits for others to batch with (default {d['max_delay_ms']})")
-    parser.add_argument("--max-queue", type=int, default=d["max_queue"],
+    parser.add_argument("--max-queue", type=bounded(int, 1), default=d["max_queue"],
                         help=f"requests waiting at most; more get 503 (default {d['max_queue']})")
-    parser.add_argument("--max-in-flight", type=int, default=d["max_in_flight"],
+    parser.add_argument("--max-in-flight", type=bounded(int, 1), default=d["max_in_flight"],
                         help="infer requests arrived and not answered yet at most; more get 503 before their body is "
                              f"read (default {d['max_in_flight']})")
-    parser.add_argument("--max-images", type=int, default=d["max_images"],
+    parser.add_argument("--max-images", type=bounded(int, 1), default=d["max_images"],
                         help="elements of a BYTES input (images, videos) a request at most; more is 413, checked "
                              f"from its shape (default {d['max_images']})")
-    parser.add_argument("--max-records", type=int, default=d["max_records"],
+    parser.add_argument("--max-records", type=bounded(int, 1), default=d["max_records"],
                         help="records a request makes at most once decoded (tiles of large photos, video frames); "
                              f"more is 413 (default {d['max_records']})")
-    parser.add_argument("--timeout-seconds", type=float, default=d["timeout_seconds"],
+    parser.add_argument("--timeout-seconds", type=bounded(float, 0.001), default=d["timeout_seconds"],
                         help=f"a request's deadline; later is 504 (default {d['timeout_seconds']})")
-    parser.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"],
+    parser.add_argument("--max-body-bytes", type=bounded(int, 1), default=d["max_body_bytes"],
                         help=f"largest request body; larger is 413 (default {d['max_body_bytes']:,})")
     parser.add_argument("--token-file", help="a file holding the bearer token the model and infer routes require")
-    parser.add_argument("--threads", type=int, default=d["threads"],
+    parser.add_argument("--threads", type=bounded(int, 1), default=d["threads"],
                         help=f"threads decoding requests (default {d['threads']})")
-    parser.add_argument("--drain-seconds", type=float, default=d["drain_seconds"],
+    parser.add_argument("--drain-seconds", type=bounded(float, 0), default=d["drain_seconds"],
                         help="on SIGTERM, time to answer the requests accepted before exiting "
                              f"(default {d['drain_seconds']})")
     add_limits_flag(parser, defaults=SERVE_LIMITS)
@@ -144,7 +154,7 @@ def _start_distributed(args) -> None:
 
 def _quantize(parser):
     parser.add_argument("--format", required=True, help="int8, fp8 or fp4")
-    parser.add_argument("--output", help="folder for the copy (default: WORKDIR-FORMAT)")
+    parser.add_argument("--output", type=folder, help="folder for the copy (default: WORKDIR-FORMAT)")
 
     def run(a):
         from triskele.eval.quantize import quantize_checkpoint
@@ -155,7 +165,8 @@ def _quantize(parser):
 
 
 def _export(parser):
-    parser.add_argument("--output", required=True, help="the file to write (FILE.json is written beside it)")
+    parser.add_argument("--output", required=True, type=file_in_folder,
+                        help="the file to write (FILE.json is written beside it)")
     parser.add_argument("--batch", default="dynamic", help="the batch size, or 'dynamic' (default)")
     parser.add_argument("--platforms", help="comma-separated, e.g. cpu,cuda (default: this machine's)")
 
@@ -169,7 +180,7 @@ def _export(parser):
 
 def _export_weights(parser):
     parser.add_argument("--format", default="timm", help="timm (default)")
-    parser.add_argument("--output", required=True, help="the .safetensors file to write")
+    parser.add_argument("--output", required=True, type=file_in_folder, help="the .safetensors file to write")
 
     def run(a):
         from triskele.eval.export_weights import export_weights

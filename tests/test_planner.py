@@ -145,3 +145,12 @@ def test_the_ranking_is_printed_in_its_order_and_its_workload_units(args, throug
     assert order == sorted(order)
     assert [float(row["step_ms"]) for row in rows] != sorted(float(row["step_ms"]) for row in rows), \
         "the example should show a ranking that differs from step time alone"
+
+
+def test_a_token_workloads_explanation_counts_sequences_not_images(capsys):
+    from triskele.train.cli import main as train_main
+
+    assert train_main(["plan", "--shape", "width=512,depth=4,heads=8,mlp=2048,tokens=1024", "--devices", "8",
+                       "--gpu", "h100", "--global-batch", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "8 sequences per GPU" in out and "images per GPU" not in out

@@ -99,3 +99,46 @@ def test_the_server_log_writes_to_the_stderr_of_the_moment_not_a_closed_one(monk
     monkeypatch.setattr("sys.stderr", second)
     handler.emit(record)
     assert second.getvalue() == "served 7\n"
+
+
+def test_serve_says_where_it_listens_once_ready_and_refuses_a_port_out_of_range(fake_model, tmp_path, capsys):
+    """--port 0 (any free port): once warmed up, one line gives the address that answers, and its
+    metrics path; a port past 65535 is refused at the door (exit 2), not wrapped round to another."""
+    import logging
+    import re
+
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler = Lines()
+    server_module.LOG.addHandler(handler)
+    seen = {}
+
+    def client():
+        wait_for(lambda: any(line.startswith("listening on ") for line in lines), "the listening line")
+        (line,) = [line for line in lines if line.startswith("listening on ")]
+        seen["line"] = line
+        url = re.match(r"listening on (http://127\.0\.0\.1:\d+) ", line).group(1)
+        seen["ready"] = requests.get(url + "/v2/health/ready", timeout=10).status_code
+        seen["metrics"] = requests.get(url + "/metrics", timeout=10).status_code
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    helper = threading.Thread(target=client)
+    helper.start()
+    try:
+        assert _serve(tmp_path, 0) == 0
+    finally:
+        helper.join(60)
+        server_module.LOG.removeHandler(handler)
+    assert seen["ready"] == 200 and seen["metrics"] == 200, seen
+    assert re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+) \(model '\w+'; metrics at \1/metrics\)", seen["line"])
+    assert sum(line.startswith("listening on ") for line in lines) == 1
+    capsys.readouterr()
+    for port in ("99999", "-1"):
+        with pytest.raises(SystemExit) as exit_info:
+            _serve(tmp_path, port)
+        assert exit_info.value.code == 2
+        assert f"argument --port: {port} is out of range; give an integer from 0 to 65535" in capsys.readouterr().err

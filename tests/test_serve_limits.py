@@ -62,8 +62,10 @@ CASES = {
     "unknown input": (lambda: {"data": json.dumps({"inputs": [{"name": "pixels", "shape": [1], "datatype": "FP32",
                       "data": [0]}]}), "headers": {"Authorization": f"Bearer {TOKEN}"}}, 400, "send one input"),
     "truncated PNG": (lambda: _images(GOOD[: len(GOOD) // 2]), 400, "cannot read image image[0]"),
-    "not an image": (lambda: _images(b"hello, this is text"), 400, "not an image of a format read here"),
-    "a GIF": (lambda: _images(b"GIF89a" + b"\x00" * 40), 400, "a GIF file; only PNG and JPEG"),
+    "not an image": (lambda: _images(b"hello, this is text"), 400,
+                     "not an image of a format read here; only PNG and JPEG images and MP4, AVI, MOV, MKV, WEBM "
+                     "videos are read"),
+    "a GIF": (lambda: _images(b"GIF89a" + b"\x00" * 40), 400, "a GIF file; only PNG and JPEG images and MP4"),
     "empty bytes": (lambda: _images(b""), 400, "empty file (0 bytes)"),
     "BYTES length past the data": (lambda: {**_images(GOOD), "data": _images(GOOD)["data"][:-10]}, 400,
                                    "binary_data_size"),

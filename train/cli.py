@@ -7,7 +7,7 @@ import functools
 import sys
 
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
-from triskele.train.commands import Command, LazyCommands, add_coordinator_flags, run_command_line
+from triskele.train.commands import Command, LazyCommands, add_coordinator_flags, bounded, folder, run_command_line
 from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
 
 
@@ -16,10 +16,12 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"named preset (default {DEFAULT_PRESET}); one of {', '.join(PRESETS)}")
     parser.add_argument("--mesh", help="mesh spec, e.g. data=2,fsdp=2,tensor=2, or auto (the planner's pick for "
                         "these devices; on CPU the simplest valid mesh); default: all devices on data")
-    parser.add_argument("--workdir", help="run folder: config, checkpoints, metrics (default runs/<preset>)")
-    parser.add_argument("--steps", type=int, help="total training steps (run.steps)")
-    parser.add_argument("--log-every", type=int, help="log metrics every N steps (run.log_every)")
-    parser.add_argument("--seed", type=int, help="run seed: initialization, data order, augmentation (run.seed)")
+    parser.add_argument("--workdir", type=folder,
+                        help="run folder: config, checkpoints, metrics (default runs/<preset>)")
+    parser.add_argument("--steps", type=bounded(int, 1), help="total training steps (run.steps)")
+    parser.add_argument("--log-every", type=bounded(int, 1), help="log metrics every N steps (run.log_every)")
+    parser.add_argument("--seed", type=bounded(int, 0),
+                        help="run seed: initialization, data order, augmentation (run.seed)")
     parser.add_argument("--data", help="on-disk dataset root (data.path); default: the domain's synthetic data")
     parser.add_argument("--init-from", metavar="PATH",
                         help="pretrained ViT weights for the backbone (model.init_from): timm/Hugging Face "
@@ -31,19 +33,19 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--print-config", action="store_true",
                         help="print the fully resolved config as YAML (what --config reads back) and exit: no training")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--stop-after-step", type=int, metavar="N",
+    parser.add_argument("--stop-after-step", type=bounded(int, 1), metavar="N",
                         help="checkpoint and stop at global step N (the next run resumes there)")
     multi = parser.add_argument_group("multi-host (JAX multi-controller)")
     add_coordinator_flags(multi)
     multi.add_argument("--local-device-ids", help="comma-separated GPU ids this process drives")
-    multi.add_argument("--distributed-timeout", type=int, default=60, metavar="S",
+    multi.add_argument("--distributed-timeout", type=bounded(int, 1), default=60, metavar="S",
                        help="seconds to wait for the coordinator (default 60)")
-    multi.add_argument("--heartbeat-timeout", type=int, default=30, metavar="S",
+    multi.add_argument("--heartbeat-timeout", type=bounded(int, 1), default=30, metavar="S",
                        help="seconds after which a dead process stops the others (default 30)")
     multi.add_argument("--dcn", help="how many hosts each mesh axis spans, e.g. data=2 (hybrid mesh)")
-    multi.add_argument("--local-processes", type=int, metavar="N",
+    multi.add_argument("--local-processes", type=bounded(int, 1), metavar="N",
                        help="try multi-host on this machine: start N processes on 127.0.0.1 and wait")
-    multi.add_argument("--devices-per-process", type=int, default=1, metavar="K",
+    multi.add_argument("--devices-per-process", type=bounded(int, 1), default=1, metavar="K",
                        help="with --local-processes: simulated CPU devices per process (default 1)")
     return parser
 

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
@@ -41,6 +42,48 @@ class LazyCommands(Mapping[str, Command]):
 
     def __len__(self) -> int:
         return len(self._loaders)
+
+
+def bounded(kind: Callable[[str], float], low: float, high: float | None = None) -> Callable[[str], Any]:
+    """An argparse type: a `kind` (int or float) from `low` to `high` (no upper bound: None). A value
+    outside is refused at the door (exit 2, the flag and the range that works named), never
+    accepted and taken to mean something else (a batch of 0, a port past 65535)."""
+    what = "an integer" if kind is int else "a number"
+    allowed = f"{what} from {low:g} to {high:g}" if high is not None else f"{what} {low:g} or more"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}; give {allowed}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give {allowed}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def folder(text: str) -> str:
+    """An argparse type: a folder, existing or to be made, refused at the door (exit 2) when it or a
+    folder above it is a file, which every later step would otherwise meet as FileExistsError."""
+    for part in (Path(text), *Path(text).parents):
+        if part.exists() and not part.is_dir():
+            where = "it is a file" if part == Path(text) else f"{part} is a file"
+            raise argparse.ArgumentTypeError(f"{text} cannot be a folder: {where}; give a folder that exists or can "
+                                             "be made")
+    return text
+
+
+def file_in_folder(text: str) -> str:
+    """An argparse type: a file to write, refused at the door (exit 2) when a folder above it is a file
+    or it is a folder."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give the file to write (e.g. {Path(text) / 'model'})")
+    for part in Path(text).parents:
+        if part.exists() and not part.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} cannot be written: {part} is a file, not a folder")
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +135,8 @@ def add_coordinator_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--coordinator-bind", metavar="HOST[:PORT]",
                        help="where process 0's coordinator listens (default: --coordinator's host; every interface "
                             "when the cluster is auto-detected)")
-    group.add_argument("--num-processes", type=int, help="processes in the job")
-    group.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
+    group.add_argument("--num-processes", type=bounded(int, 1), help="processes in the job")
+    group.add_argument("--process-id", type=bounded(int, 0), help="this process's index, 0..N-1")
 
 
 def run_command_line(prog: str, commands: Mapping[str, Command], default: Command, argv: Sequence[str] | None,

@@ -73,6 +73,8 @@ class DeepfakeIO:
         self.save_faces = Path(save_faces) if save_faces else None
         self.limits = limits
         self.suffixes = tuple(sorted({s.lower() for s in IMAGE_SUFFIXES} | set(VIDEO_SUFFIXES)))
+        self.videos_read = f" and {', '.join(s[1:].upper() for s in VIDEO_SUFFIXES)} videos"
+        """What is read besides images, as the refusal of another file names it."""
         if read_as not in (None, *READ_AS):
             raise ValueError(f"--as {read_as!r}: choose {' or '.join(READ_AS)} (default: told by each folder's names)")
         self.read_as = read_as
@@ -106,7 +108,8 @@ class DeepfakeIO:
         from triskele.train.domains.deepfake.data import sample_uniformly
 
         def model_input(crop) -> np.ndarray:
-            picture = Image.fromarray(crop) if isinstance(crop, np.ndarray) else open_image(crop, self.limits)
+            picture = (Image.fromarray(crop) if isinstance(crop, np.ndarray)
+                       else open_image(crop, self.limits, also_read=self.videos_read))
             return to_model_input(picture, self.size, 3)
 
         found = _Found(names, boxes, sampled, len(crops))
@@ -142,7 +145,8 @@ class DeepfakeIO:
         from triskele.train.data.images import open_image
         from triskele.train.domains.deepfake.faces import photo_face
 
-        face = photo_face(np.asarray(open_image(path, self.limits).convert("RGB")), self.size, self.crops)
+        photo = open_image(path, self.limits, also_read=self.videos_read).convert("RGB")
+        face = photo_face(np.asarray(photo), self.size, self.crops)
         crops, boxes = ([face[1]], [" ".join(map(str, face[0]))]) if face else ([], [])
         records, found = self._records(crops, [path.name] * len(crops), boxes, 1)
         found.read_as = "photo"

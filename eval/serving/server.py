@@ -66,6 +66,27 @@ class DrainingServer(uvicorn.Server):
         """After a SIGTERM: whether every accepted request was answered within the drain time."""
         self.exit_by: float | None = None
         """After a SIGTERM: the time.monotonic() by which the process is to be gone."""
+        self.addresses: list[str] = []
+        """Where it listens (`http://HOST:PORT`), once its sockets are bound."""
+        self._announce = threading.Lock()
+        self._announced = False
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        for server in self.servers:
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                self.addresses.append(f"http://{f'[{host}]' if ':' in host else host}:{port}")
+        self.announce()
+
+    def announce(self) -> None:
+        """Once bound and warmed up (whichever comes last): where it listens and its metrics path."""
+        with self._announce:
+            if self._announced or not self.addresses or not self.state.ready:
+                return
+            self._announced = True
+        for address in self.addresses:
+            LOG.info("listening on %s (model %r; metrics at %s/metrics)", address, self.state.name, address)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if sig == signal.SIGTERM and not self.state.draining:
@@ -191,6 +212,7 @@ def serve(workdir: str | Path | None, exported: str | Path | None = None, mesh: 
     def warming() -> None:
         try:
             warm_up(state, models)
+            server.announce()
         except Exception as err:
             LOG.exception("warming up the model failed; stopping")
             warm_up_error.append(f"{type(err).__name__}: {err}")

@@ -360,9 +360,11 @@ def _ranking(candidate: Candidate) -> tuple[bool, float]:
     return not candidate.fits, ranked_step_s(candidate)
 
 
-def explain(best: Candidate, inputs: PlanInputs, ranked: list[Candidate] | None = None) -> list[str]:
+def explain(best: Candidate, inputs: PlanInputs, ranked: list[Candidate] | None = None, records: str = "images"
+            ) -> list[str]:
     """One line per axis: why the top choice uses it as it does. `ranked`: the ranking it tops
-    (`candidates(inputs)`), against whose best other choice the pipeline line compares it."""
+    (`candidates(inputs)`), against whose best other choice the pipeline line compares it; `records`:
+    what the batch holds (images, or a token workload's sequences)."""
     mesh, lines = best.mesh, []
     ranked = candidates(inputs) if ranked is None else ranked
     domain = "NVLink" if axis_bandwidth(mesh, "tensor", inputs) == inputs.gpu.nvlink_bandwidth else "the network"
@@ -375,7 +377,7 @@ def explain(best: Candidate, inputs: PlanInputs, ranked: list[Candidate] | None 
         f"reduce-scatters ({1e3 * best.comm_s['fsdp']:.1f} ms) overlap the backward" if mesh.fsdp > 1 else
         "no fsdp: the full parameters and optimizer state fit on each GPU"))
     lines.append(f"data={mesh.data}: " + (
-        f"{mesh.data} replicas, {inputs.global_batch // mesh.batch_shards} images per GPU; the gradient all-reduce "
+        f"{mesh.data} replicas, {inputs.global_batch // mesh.batch_shards} {records} per GPU; the gradient all-reduce "
         f"({1e3 * best.comm_s['data']:.1f} ms over "
         f"{'NVLink' if axis_bandwidth(mesh, 'data', inputs) == inputs.gpu.nvlink_bandwidth else 'the network'})"
         f" overlaps the backward" if mesh.data > 1 else "no pure data parallelism"))

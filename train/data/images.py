@@ -92,15 +92,17 @@ def _format_of(path: ImageSource) -> str | None:
     return next((name for magic, name in _SIGNATURES.items() if head.startswith(magic)), None)
 
 
-def _not_listed(path: ImageSource, formats: tuple[str, ...]) -> str:
+def _not_listed(path: ImageSource, formats: tuple[str, ...], also_read: str = "") -> str:
     found = _format_of(path)
     what = f"a {found} file" if found else "not an image of a format read here"
+    read = f"only {' and '.join(formats)} images{also_read} are read"
     if isinstance(path, EncodedImage):
-        return f"{what}; only {' and '.join(formats)} images are read"
-    return f"{what} (named {Path(path).suffix or 'without a suffix'}); only {' and '.join(formats)} images are read"
+        return f"{what}; {read}"
+    return f"{what} (named {Path(path).suffix or 'without a suffix'}); {read}"
 
 
-def _opened(path: ImageSource, limits: InputLimits | None, formats: tuple[str, ...]) -> Image.Image:
+def _opened(path: ImageSource, limits: InputLimits | None, formats: tuple[str, ...], also_read: str = ""
+            ) -> Image.Image:
     """The image with its header read and checked (format, pixels), no pixel decoded yet."""
     limits = limits or InputLimits()
     Image.MAX_IMAGE_PIXELS = limits.image_pixels  # PIL refuses twice that itself, before our check
@@ -110,7 +112,7 @@ def _opened(path: ImageSource, limits: InputLimits | None, formats: tuple[str, .
         amount = f"its header declares more than {2 * limits.image_pixels:,} pixels"
         raise _unreadable(path, limits.over("image_pixels", amount)) from None
     except Image.UnidentifiedImageError:
-        raise _unreadable(path, _not_listed(path, formats)) from None
+        raise _unreadable(path, _not_listed(path, formats, also_read)) from None
     except Exception as err:  # noqa: BLE001 - any failure to read one file's header is that file's error
         raise _unreadable(path, _reason(err)) from None
     width, height = image.size
@@ -158,9 +160,10 @@ def exif_note(path: ImageSource) -> dict[str, int]:
     return {"exif_orientation": orientation} if orientation != 1 else {}
 
 
-def _decoded(path: ImageSource, limits: InputLimits | None, formats: tuple[str, ...]) -> tuple[Image.Image, int]:
+def _decoded(path: ImageSource, limits: InputLimits | None, formats: tuple[str, ...], also_read: str = ""
+             ) -> tuple[Image.Image, int]:
     """The decoded image, samples and orientation as stored, and its EXIF orientation."""
-    image = _opened(path, limits, formats)
+    image = _opened(path, limits, formats, also_read)
     try:
         image.load()
         return image, _orientation(image)
@@ -194,13 +197,14 @@ def _white(samples: np.ndarray, significant_bits: int | None) -> int:
     return 65535
 
 
-def open_image(path: ImageSource, limits: InputLimits | None = None, formats: tuple[str, ...] = IMAGE_FORMATS
-               ) -> Image.Image:
+def open_image(path: ImageSource, limits: InputLimits | None = None, formats: tuple[str, ...] = IMAGE_FORMATS,
+               also_read: str = "") -> Image.Image:
     """The decoded image as a person sees it: turned by its EXIF orientation, and a 16-bit PNG in 8
     bits scaled from its bit depth (`_white`); 8-bit images as stored. ValueError naming the file if
     it is not one of `formats`, declares more pixels than `limits.image_pixels` (both checked before
-    decoding) or does not decode."""
-    image, orientation = _decoded(path, limits, formats)
+    decoding) or does not decode; the refusal of another format names `also_read` too (what else the
+    caller reads: " and MP4 ... videos")."""
+    image, orientation = _decoded(path, limits, formats, also_read)
     depth = png_depth(_head(path, 1 << 16)) if image.format == "PNG" else None
     if depth is None or depth.bits != 16 or depth.colour_type not in (0, 2, 6):
         return eight_bit(_turned(image, orientation))

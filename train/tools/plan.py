@@ -38,7 +38,7 @@ from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MESH_AXES
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.bookkeeping.plots import save_figure
-from triskele.train.commands import Command, run_command_line
+from triskele.train.commands import Command, bounded, folder, run_command_line
 from triskele.train.config import PRESETS, make_config
 
 if TYPE_CHECKING:
@@ -106,39 +106,46 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--preset", choices=sorted(PRESETS), metavar="NAME", help="a preset's model")
     model.add_argument("--shape", metavar="SIZES",
                        help="any transformer: width=W,depth=L,heads=H,mlp=M,tokens=S[,vocab=V]")
-    parser.add_argument("--devices", type=int, help="GPUs in the job (required unless --scaling or --inference)")
+    parser.add_argument("--devices", type=bounded(int, 1),
+                        help="GPUs in the job (required unless --scaling or --inference)")
     parser.add_argument("--gpu", help=f"one of {', '.join(GPUS)} (--inference: default every one)")
-    parser.add_argument("--global-batch", type=int, help="images (sequences) per step (default: the preset's)")
-    parser.add_argument("--nodes", type=int, help="hosts (default: devices / 8)")
-    parser.add_argument("--nvlink-domain", type=int, help="GPUs joined by NVLink (default: GPUs per node)")
-    parser.add_argument("--nvlink-gbps", type=float, help="NVLink GB/s per GPU, one direction (default: the GPU's)")
-    parser.add_argument("--network-gbps", type=float,
+    parser.add_argument("--global-batch", type=bounded(int, 1),
+                        help="images (sequences) per step (default: the preset's)")
+    parser.add_argument("--nodes", type=bounded(int, 1), help="hosts (default: devices / 8)")
+    parser.add_argument("--nvlink-domain", type=bounded(int, 1), help="GPUs joined by NVLink (default: GPUs per node)")
+    parser.add_argument("--nvlink-gbps", type=bounded(float, 0.001),
+                        help="NVLink GB/s per GPU, one direction (default: the GPU's)")
+    parser.add_argument("--network-gbps", type=bounded(float, 0.001),
                         help="network GB/s per GPU, one direction (default: the GPU's; e.g. 25 for 8 x HDR per node)")
-    parser.add_argument("--efficiency", type=float, help="share of peak the matmuls reach (default: the GPU's)")
-    parser.add_argument("--gpu-memory-gb", type=float, help="plan for this much memory per GPU")
+    parser.add_argument("--efficiency", type=bounded(float, 0.001, 1),
+                        help="share of peak the matmuls reach (default: the GPU's)")
+    parser.add_argument("--gpu-memory-gb", type=bounded(float, 0.001), help="plan for this much memory per GPU")
     parser.add_argument("--axes", help=f"mesh axes the planner may use (default all: {','.join(MESH_AXES)})")
     parser.add_argument("--schedule", choices=(*SCHEDULES, BEST_SCHEDULE), default=BEST_SCHEDULE,
                         help="pipeline schedule: circular, 1f1b (interleaved for repeats > 1), or best (both "
                              "priced, each mesh's faster kept)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    parser.add_argument("--top", type=int, default=10, help="rows of the ranking to print")
+    parser.add_argument("--top", type=bounded(int, 1), default=10, help="rows of the ranking to print")
     parser.add_argument("--scaling", action="store_true", help="predicted scaling from 8 to 1,024 GPUs")
-    parser.add_argument("--output", help="folder for plan.json / scaling.json and scaling.png (default .)")
+    parser.add_argument("--output", type=folder, help="folder for plan.json / scaling.json and scaling.png (default .)")
     cost = parser.add_argument_group("cost of a run (--cost)")
     cost.add_argument("--cost", action="store_true", help="add wall time, GPU-hours and rented / owned cost")
-    cost.add_argument("--train-images", type=float, help="images the run trains on (or --epochs with --dataset-size)")
-    cost.add_argument("--epochs", type=float)
-    cost.add_argument("--dataset-size", type=float)
-    cost.add_argument("--price-per-gpu-hour", type=float, help="rental USD (default: the GPU's on-demand price)")
-    cost.add_argument("--server-price", type=float, help="USD per owned 8-GPU server (default per GPU type)")
-    cost.add_argument("--years", type=float, default=5.0, help="depreciation years (5)")
-    cost.add_argument("--pue", type=float, default=1.56, help="power usage effectiveness (1.56)")
-    cost.add_argument("--kwh-price", type=float, default=0.08, help="USD per kWh (0.08)")
-    cost.add_argument("--utilisation", type=float, default=1.0,
+    cost.add_argument("--train-images", type=bounded(float, 1),
+                      help="images the run trains on (or --epochs with --dataset-size)")
+    cost.add_argument("--epochs", type=bounded(float, 0.001))
+    cost.add_argument("--dataset-size", type=bounded(float, 1))
+    cost.add_argument("--price-per-gpu-hour", type=bounded(float, 0),
+                      help="rental USD (default: the GPU's on-demand price)")
+    cost.add_argument("--server-price", type=bounded(float, 0),
+                      help="USD per owned 8-GPU server (default per GPU type)")
+    cost.add_argument("--years", type=bounded(float, 0.001), default=5.0, help="depreciation years (5)")
+    cost.add_argument("--pue", type=bounded(float, 1), default=1.56, help="power usage effectiveness (1.56)")
+    cost.add_argument("--kwh-price", type=bounded(float, 0), default=0.08, help="USD per kWh (0.08)")
+    cost.add_argument("--utilisation", type=bounded(float, 0.001, 1), default=1.0,
                       help="share of the year owned servers are busy (1.0): spreads their price")
     infer = parser.add_argument_group("inference roofline (--inference)")
     infer.add_argument("--inference", action="store_true", help="images/s per GPU: compute vs HBM bound")
-    infer.add_argument("--batch", type=int, default=1, help="images per forward (1)")
+    infer.add_argument("--batch", type=bounded(int, 1), default=1, help="images per forward (1)")
     infer.add_argument("--format", default="bfloat16", help=f"weights: {', '.join(FORMAT_BYTES)}")
 
 
@@ -271,7 +278,7 @@ def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int, tok
     if not best.fits:
         print(f"nothing fits in {inputs.gpu.name}'s memory: add devices or lower the batch")
     print(f"\npick: {pick_flags(best)}")
-    for line in explain(best, inputs, ranked):
+    for line in explain(best, inputs, ranked, "sequences" if tokens else "images"):
         print("  " + line)
     if args.cost:
         top = rows[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from triskele.train.commands import Flag
+from triskele.train.commands import Flag, bounded, folder
 from triskele.train.data.splits import check_split
 from triskele.train.domains import Domain, Later, register
 from triskele.train.domains.deepfake.crops import OLD_RUNS
@@ -128,10 +128,11 @@ DEEPFAKE = register(Domain(
                          "uadfv, generic, deepfakebench (default: the run's, auto unless its training named one)",
                          metavar="NAME", key="deepfake.layout"),
                     Flag("--frames-per-video", "frames sampled per video (default: the run's; DeepfakeBench's "
-                         "test protocol samples 32)", type=int, metavar="N", key="deepfake.frames_per_video")),
-    predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR"),
+                         "test protocol samples 32)", type=bounded(int, 1), metavar="N",
+                         key="deepfake.frames_per_video")),
+    predict_flags=(Flag("--save-faces", "keep the face crops found in videos here", metavar="DIR", type=folder),
                    Flag("--frames-per-video", "frames sampled per video or folder of crops (default 32, "
-                        "DeepfakeBench's, whatever the run trained on)", type=int, metavar="N"),
+                        "DeepfakeBench's, whatever the run trained on)", type=bounded(int, 1), metavar="N"),
                    Flag("--as", "read each folder of images as one video's face-crop frames or as photos scored "
                         "each on its own (default: frames where every name is a frame number, else photos)",
                         choices=("video", "images"), dest="read_as")),

@@ -39,7 +39,7 @@ from PIL import Image
 from tqdm import tqdm
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT, StopRequest
-from triskele.train.commands import Command
+from triskele.train.commands import Command, bounded, folder
 from triskele.train.config import InputLimits, add_limits_flag, input_limits
 from triskele.train.data.walk import walk_files
 from triskele.train.domains.deepfake.crops import ALIGNED, BOX, FACE_CROPS, check_aligner, crops_of_entries
@@ -179,16 +179,17 @@ def _ignore_ctrl_c() -> None:
 
 def _prepare_command(parser: argparse.ArgumentParser):
     parser.add_argument("--input", required=True, help="the raw video tree")
-    parser.add_argument("--output", required=True, help="where the frame layout goes")
-    parser.add_argument("--frames", type=int, default=32, help="frames sampled per video (default 32)")
-    parser.add_argument("--size", type=int, default=CROP_SIZE, help=f"crop side in pixels (default {CROP_SIZE})")
-    parser.add_argument("--workers", type=int, default=0, help="worker processes (default 0: this one)")
+    parser.add_argument("--output", required=True, type=folder, help="where the frame layout goes")
+    parser.add_argument("--frames", type=bounded(int, 1), default=32, help="frames sampled per video (default 32)")
+    parser.add_argument("--size", type=bounded(int, 8), default=CROP_SIZE,
+                        help=f"crop side in pixels (default {CROP_SIZE})")
+    parser.add_argument("--workers", type=bounded(int, 0), default=0, help="worker processes (default 0: this one)")
     parser.add_argument("--layout", default=AUTO, choices=(AUTO, *LAYOUTS),
                         help="the raw tree's layout (default: auto, detected)")
     parser.add_argument("--crops", choices=FACE_CROPS, default=None,
                         help="how faces are cropped: aligned on 5 landmarks (needs the landmarks extra) or the "
                              "detector's box enlarged 1.3x (default: aligned with the extra installed, else box)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_limits_flag(parser, ("frame_pixels", "video_frames"))
 
     def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from triskele.train.commands import Flag
+from triskele.train.commands import Flag, bounded
 from triskele.train.data.splits import check_split
 from triskele.train.domains import Domain, Later, register
 
@@ -86,7 +86,7 @@ MARS = register(Domain(
     resolve=resolve,
     resume_options=("label_agreement",),
     predict_flags=(
-        Flag("--stride", "sliding-window stride in pixels (default 2/3 window)", type=int),
+        Flag("--stride", "sliding-window stride in pixels (default 2/3 window)", type=bounded(int, 1)),
         Flag("--tta", "average with the mirrored pass", choices=("flip",)),
         Flag("--overlay", "also write NAME.overlay.png", switch=True),
     ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from triskele.train.commands import Flag
+from triskele.train.commands import Flag, bounded
 from triskele.train.domains import Domain, Later, class_names, register
 
 if TYPE_CHECKING:
@@ -133,11 +133,13 @@ MERCH = register(Domain(
     metric_names=Later("triskele.train.domains.merch.evaluator", "METRIC_NAMES"),
     inference="triskele.eval.domains.merch", eval_commands=("gallery",),
     predict_flags=(Flag("--shelf-scale", "facing-detector runs: resize each photo by this before tiling (default: "
-                        "the run's merch.shelf_scale)", type=float, metavar="FACTOR"),
+                        "the run's merch.shelf_scale)", type=bounded(float, 0.01, 16), metavar="FACTOR"),
                    Flag("--score-threshold", "facing-detector runs: the peak score from which a detection is a facing "
-                        "(default: the one chosen on val for the checkpoint)", type=float, metavar="SCORE"),
+                        "(default: the one chosen on val for the checkpoint)", type=bounded(float, 0, 1),
+                        metavar="SCORE"),
                    Flag("--unknown-threshold", "facing-detector runs: the cosine below which a facing is unknown "
-                        "(default: the one chosen on val for the checkpoint)", type=float, metavar="COSINE")),
+                        "(default: the one chosen on val for the checkpoint)", type=bounded(float, -1, 1),
+                        metavar="COSINE")),
     resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"),
     chosen_by_evaluation={"score_threshold": 0.3, "unknown_threshold": 0.5},
     variants={"shelf": shelf_preset},
