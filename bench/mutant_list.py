@@ -538,7 +538,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "a 16-bit frame without sBIT clipped to 8 bits as PIL's convert('L') does: a 12-bit ramp reads white"),
     Mutant("face-track-by-size-alone", "train/domains/deepfake/faces.py", "track_weight",
            "(max(scores.get(frame, 1.0), 0.0) + CONFIDENCE_FLOOR)", "1.0",
-           ("tests/test_face_choice.py::test_a_still_portrait_video_tracks_the_face_not_the_patch_in_predict_and_prepare",),
-           "the video's face chosen by box size and frames alone: the astronaut's mission patch (dlib score < 0.1, "
-           "a larger box) is tracked and scored instead of her face"),
+           ("tests/test_face_choice.py::test_the_face_in_more_frames_wins_over_a_larger_one_seen_less",),
+           "the video's face chosen by box size and frames alone: a larger box the detector barely found (the "
+           "astronaut's mission patch, dlib score < 0.1) outweighs a face found surely"),
+    Mutant("face-landmarks-always-hold", "train/domains/deepfake/faces.py", "landmarks_hold",
+           "return float(np.mean(drift)) < LANDMARK_DRIFT", "return True",
+           ("tests/test_face_choice.py::test_the_landmarks_of_the_face_hold_and_those_of_the_patch_drift",),
+           "every box's landmarks taken to fit a face: a face-like pattern's drifting points no longer lose"),
 )

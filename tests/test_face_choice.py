@@ -14,7 +14,13 @@ pytest.importorskip("cv2", reason="video decoding needs OpenCV (pip install 'ope
 pytest.importorskip("skimage", reason="the portrait is scikit-image's sample photograph")
 
 from triskele.train.config import InputLimits  # noqa: E402
-from triskele.train.domains.deepfake.faces import main_track, photo_face, scored_faces, video_faces  # noqa: E402
+from triskele.train.domains.deepfake.faces import (  # noqa: E402
+    landmarks_hold,
+    main_track,
+    photo_face,
+    scored_faces,
+    video_faces,
+)
 from triskele.train.domains.deepfake.prepare import prepare_video  # noqa: E402
 from videoutil import FACE, photograph, write_video  # noqa: E402
 
@@ -81,3 +87,23 @@ def test_the_face_in_more_frames_wins_over_a_larger_one_seen_less():
     sure = [[0.2, 1.5]] * 8
     assert main_track(equal_frames, [[2.0, 0.1]] * 8) == [small] * 8  # the larger one barely found
     assert main_track(equal_frames, sure) == [large] * 8
+
+
+def test_the_landmarks_of_the_face_hold_and_those_of_the_patch_drift():
+    """With the landmarks extra: dlib's 68 points stay on the astronaut's features when her box is
+    nudged, and follow the box on the mission patch (a pattern with no face's features)."""
+    from triskele.train.domains.deepfake.landmarks import INSTALL, landmark_predictor
+
+    if landmark_predictor() is None:
+        pytest.skip(f"the landmarks extra: {INSTALL}")
+    photo = photograph()
+    assert landmarks_hold(photo, FACE) is True
+    assert landmarks_hold(photo, (126, 335, 215, 425)) is False  # dlib's box on the patch (upsampled once)
+
+
+def test_a_track_whose_landmarks_fit_a_face_wins_over_a_heavier_one_that_does_not():
+    face, pattern = (100, 100, 160, 160), (300, 100, 420, 220)
+    boxes, scores = [[face, pattern]] * 4, [[0.3, 2.0]] * 4
+    assert main_track(boxes, scores) == [pattern] * 4
+    assert main_track(boxes, scores, [[True, False]] * 4) == [face] * 4
+    assert main_track(boxes, scores, [[None, None]] * 4) == [pattern] * 4  # not known: the weight decides

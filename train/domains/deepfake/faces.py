@@ -29,6 +29,12 @@ TRACK_SCALE = 1.5
 CONFIDENCE_FLOOR = 0.05
 """Added to dlib's detection score (0 at its threshold) so that a box the detector barely accepts
 still counts for its size and frames."""
+LANDMARK_NUDGE = 0.1
+"""How far (in box sizes) `landmarks_hold` moves a box to see whether its 68 points move with it."""
+LANDMARK_DRIFT = 0.35
+"""A face's landmarks stay on its features when its box moves (measured: 0.04-0.05 of the shift on
+the astronaut's face); on a face-like pattern they follow the box (0.6-1.4 on her mission patch,
+a rocket and a cat). Below this they fit a face."""
 CROP_SIZE = 256
 """Pixels per side of a saved face crop (DeepfakeBench's); the model resizes to its input."""
 
@@ -80,9 +86,28 @@ def track_weight(track: dict[int, Box], scores: dict[int, float]) -> float:
                for frame, box in track.items())
 
 
-def main_track(boxes: list[list[Box]], scores: list[list[float]] | None = None) -> list[Box | None]:
+def landmarks_hold(frame: np.ndarray, box: Box) -> bool | None:
+    """Whether the 68 landmarks in `box` fit a face: dlib's predictor starts from a mean face in
+    whatever box it is given, so its points stay on a real face's features when the box is nudged
+    (`LANDMARK_NUDGE` of its size, four ways) and drift with the box on anything else
+    (`LANDMARK_DRIFT`). None without the landmarks extra."""
+    points = face_landmarks(frame, box)
+    if points is None:
+        return None
+    side = _centre_and_size(box)[2]
+    step = round(LANDMARK_NUDGE * side)
+    drift = [float(np.linalg.norm(face_landmarks(frame, (box[0] + dx, box[1] + dy, box[2] + dx, box[3] + dy))
+                                  - points, axis=1).mean()) / max(step, 1)
+             for dx, dy in ((step, 0), (-step, 0), (0, step), (0, -step))]
+    return float(np.mean(drift)) < LANDMARK_DRIFT
+
+
+def main_track(boxes: list[list[Box]], scores: list[list[float]] | None = None,
+               holds: list[list[bool | None]] | None = None) -> list[Box | None]:
     """Per sampled frame, the box of the track with the largest `track_weight` (None where it is
-    absent); `scores`, the detector's score of each box (without them every box counts as 1).
+    absent); `scores`, the detector's score of each box (without them every box counts as 1);
+    `holds`, whether each box's landmarks fit a face (`landmarks_hold`; None: not known): a track
+    whose boxes mostly fit one wins over any that does not.
 
     Sampled frames lie far apart (32 of a few hundred), so a box is linked to a track by how far its
     centre moved relative to the face's size and the samples between (`link_cost`), not by overlap:
@@ -92,6 +117,7 @@ def main_track(boxes: list[list[Box]], scores: list[list[float]] | None = None) 
     face competes: the detector's box jumped, the face did not change)."""
     tracks: list[dict[int, Box]] = []
     confidence: list[dict[int, float]] = []
+    face_like: list[list[bool]] = []
     owner: list[list[int]] = []
     for frame, found in enumerate(boxes):
         pairs = sorted((cost, t, b) for t, track in enumerate(tracks) for b, box in enumerate(found)
@@ -107,13 +133,16 @@ def main_track(boxes: list[list[Box]], scores: list[list[float]] | None = None) 
                 linked[b] = len(tracks)
                 tracks.append({})
                 confidence.append({})
+                face_like.append([])
             tracks[linked[b]][frame] = box
             confidence[linked[b]][frame] = scores[frame][b] if scores is not None else 1.0
+            face_like[linked[b]].append(holds is None or holds[frame][b] is not False)
             owner[frame].append(linked[b])
     if not tracks:
         return [None] * len(boxes)
-    weights = [track_weight(track, confident) for track, confident in zip(tracks, confidence, strict=True)]
-    chosen = max(range(len(tracks)), key=weights.__getitem__)
+    ranks = [(2 * sum(fits) >= len(fits), track_weight(track, confident))
+             for track, confident, fits in zip(tracks, confidence, face_like, strict=True)]
+    chosen = max(range(len(tracks)), key=ranks.__getitem__)
     path = [tracks[chosen].get(frame) for frame in range(len(boxes))]
     for frame, found in enumerate(boxes):
         if path[frame] is None and len(found) == 1 and not set(tracks[owner[frame][0]]) & set(tracks[chosen]):
@@ -161,23 +190,32 @@ class VideoFaces:
         return None if self.crops else f"no face in any of {self.frames_sampled} sampled frames"
 
 
-def _faces_in(frame: np.ndarray, size: int, crops: str
-              ) -> tuple[list[tuple[Box, float]], dict[Box, tuple] | np.ndarray]:
-    """A sampled frame's scored face boxes and what is kept of it until the track is known: each
+Found = list[tuple[Box, float, bool | None]]
+"""A frame's faces: each box, the detector's score, whether its landmarks fit a face (`landmarks_hold`)."""
+
+
+def _faces_in(frame: np.ndarray, size: int, crops: str) -> tuple[Found, dict[Box, tuple] | np.ndarray]:
+    """A sampled frame's faces (`Found`) and what is kept of it until the track is known: each
     box's `face_crop`, or the frame itself where its crops would outweigh it (a crowd)."""
-    found = scored_faces(frame)
+    found = [(box, score, landmarks_hold(frame, box)) for box, score in scored_faces(frame)]
     if len(found) * size * size > frame.shape[0] * frame.shape[1]:
         return found, frame
-    return found, {box: face_crop(frame, box, size, crops) for box, _ in found}
+    return found, {box: face_crop(frame, box, size, crops) for box, _, _ in found}
+
+
+def _main_track(found: list[Found]) -> list[Box | None]:
+    return main_track([[box for box, _, _ in faces] for faces in found],
+                      [[score for _, score, _ in faces] for faces in found],
+                      [[holds for _, _, holds in faces] for faces in found])
 
 
 def photo_face(photo: np.ndarray, size: int, crops: str) -> tuple[Box, np.ndarray, np.ndarray | None] | None:
     """A still photo's face as a video's is chosen (`main_track` of one frame): its box, its crop
     by the method `crops` and its landmarks; None where the detector finds no face."""
-    found = scored_faces(photo)
+    found = [(box, score, landmarks_hold(photo, box)) for box, score in scored_faces(photo)]
     if not found:
         return None
-    box = main_track([[b for b, _ in found]], [[score for _, score in found]])[0]
+    box = _main_track([found])[0]
     return box, *face_crop(photo, box, size, crops)
 
 
@@ -190,12 +228,11 @@ def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLim
     from triskele.train.domains.deepfake.video import sample_frames
 
     indices, found, total = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size, crops))
-    track = main_track([[box for box, _ in scored] for scored, _ in found],
-                       [[score for _, score in scored] for scored, _ in found])
+    track = _main_track([faces for faces, _ in found])
     faces = VideoFaces(total, len(found), [], [], [], {}, [])
-    for index, (scored, kept), box in zip(indices, found, track, strict=True):
+    for index, (in_frame, kept), box in zip(indices, found, track, strict=True):
         if box is None:
-            faces.left_out[index] = "no face" if not scored else "only faces off the tracked one"
+            faces.left_out[index] = "no face" if not in_frame else "only faces off the tracked one"
             continue
         faces.indices.append(index)
         faces.boxes.append(box)
