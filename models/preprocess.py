@@ -64,23 +64,45 @@ def eight_bit(image: Image.Image, white: float | None = None) -> Image.Image:
     return Image.fromarray(scaled_to_8_bit(np.asarray(image), white or HIGH_DEPTH_RANGES[image.mode]), "L")
 
 
-def to_model_input(image: Image.Image, size: int, channels: int) -> np.ndarray:
-    """(size, size, channels) float32 in [0, 1]: grayscale or RGB, centre square, bilinear resize."""
+def model_input_pixels(image: Image.Image, size: int, channels: int) -> np.ndarray:
+    """(size, size, channels) uint8: grayscale or RGB, centre square, bilinear resize (the 8-bit
+    pixels `to_model_input` scales; what a packed dataset stores)."""
     image = eight_bit(image).convert("L" if channels == 1 else "RGB")
     image = image.crop(square_crop_box(*image.size)).resize((size, size), Image.BILINEAR)
-    array = np.asarray(image, np.float32) / 255.0
+    array = np.asarray(image)
     return array[..., None] if channels == 1 else array
+
+
+def to_unit_range(pixels: np.ndarray) -> np.ndarray:
+    """uint8 pixels as float32 in [0, 1]."""
+    return np.asarray(pixels, np.float32) / 255.0
+
+
+def to_model_input(image: Image.Image, size: int, channels: int) -> np.ndarray:
+    """(size, size, channels) float32 in [0, 1]: grayscale or RGB, centre square, bilinear resize."""
+    return to_unit_range(model_input_pixels(image, size, channels))
+
+
+def frame_pixels(image: Image.Image, size: tuple[int, int], channels: int) -> np.ndarray:
+    """A whole frame for sliding-window segmentation: (height, width, channels) uint8 of `size`
+    (width, height; `frame_size`), grayscale or RGB, resized bilinearly (not resized when it is)."""
+    image = eight_bit(image).convert("L" if channels == 1 else "RGB")
+    if size != image.size:
+        image = image.resize(size, Image.BILINEAR)
+    array = np.asarray(image)
+    return array[..., None] if channels == 1 else array
+
+
+def frame_size(width: int, height: int, scale: float) -> tuple[int, int]:
+    """(width, height) of a frame read at `scale`."""
+    if scale == 1:
+        return width, height
+    return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 def to_frame(image: Image.Image, scale: float, channels: int) -> np.ndarray:
-    """A whole frame for sliding-window segmentation: (round(H * scale), round(W * scale), channels)
-    float32 in [0, 1], grayscale or RGB, resized bilinearly (not resized at scale 1)."""
-    image = eight_bit(image).convert("L" if channels == 1 else "RGB")
-    if scale != 1:
-        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-        image = image.resize(size, Image.BILINEAR)
-    array = np.asarray(image, np.float32) / 255.0
-    return array[..., None] if channels == 1 else array
+    """The frame of `image` at `scale` (`frame_pixels`) as float32 in [0, 1]."""
+    return to_unit_range(frame_pixels(image, frame_size(*image.size, scale), channels))
 
 
 def describe_input(channels: int, normalisation: str) -> str:

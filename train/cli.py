@@ -132,9 +132,16 @@ def _plan() -> Command:
 
 
 PREPARE = Command("Turn a domain's raw data into the layout it trains on (e.g. face crops from videos).", _prepare)
-COMMANDS = LazyCommands({"plan": _plan, "prepare": lambda: PREPARE})
+def _pack() -> Command:
+    from triskele.train.tools.pack import PACK
+
+    return PACK
+
+
+COMMANDS = LazyCommands({"plan": _plan, "prepare": lambda: PREPARE, "pack": _pack})
 SUMMARY = (f"Train a triskele preset. With no arguments: {DEFAULT_PRESET} on synthetic data, local devices. "
-           "Commands: `plan` (the mesh planner), `prepare DOMAIN` (raw data into a domain's layout); each with --help.")
+           "Commands: `plan` (the mesh planner), `prepare DOMAIN` (raw data into a domain's layout), `pack` (a "
+           "tree into ArrayRecord shards of decoded records); each with --help.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -264,6 +264,11 @@ PRESETS: Mapping[str, dict[str, Any]] = _Presets()
 DEFAULT_PRESET = "mars-tiny"
 
 
+def config_values(config: Config) -> dict[str, Any]:
+    """Every key of `config` by its dotted name (`mars.scale`, `model.image_size`)."""
+    return _flat(config.to_dict())
+
+
 def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():

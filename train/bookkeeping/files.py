@@ -54,6 +54,26 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         raise
 
 
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[str]:
+    """A temporary file's path to write PATH through, for a writer that takes a path rather than a
+    file (ArrayRecord's): the file at PATH appears whole or not at all, as `atomic_file`'s does."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = _locked_temp(path)
+    try:
+        os.fchmod(fd, _new_file_mode())
+        yield temp
+        os.fsync(fd)  # the writer wrote and closed its own handle on the same file
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    finally:
+        os.close(fd)
+
+
 def remove_partials(folder: Path) -> int:
     """Removes the temporary files that killed writers left in FOLDER (not below it): every
     `.*.partial` whose writer is gone (its flock is free); a live writer's is left alone. Returns how

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps
-from triskele.models.preprocess import eight_bit, scaled_to_8_bit, to_model_input
+from triskele.models.preprocess import eight_bit, frame_pixels, frame_size, scaled_to_8_bit, to_model_input
 from triskele.train.config import InputLimits
 from triskele.train.data.png import png_depth
 
@@ -160,11 +160,15 @@ def exif_note(path: ImageSource) -> dict[str, int]:
     return {"exif_orientation": orientation} if orientation != 1 else {}
 
 
-def _decoded(path: ImageSource, limits: InputLimits | None, formats: tuple[str, ...], also_read: str = ""
-             ) -> tuple[Image.Image, int]:
-    """The decoded image, samples and orientation as stored, and its EXIF orientation."""
+def _decoded(path: ImageSource, limits: InputLimits | None, formats: tuple[str, ...], also_read: str = "",
+             reduce_to: float = 1.0) -> tuple[Image.Image, int]:
+    """The decoded image, samples and orientation as stored, and its EXIF orientation. A JPEG is
+    decoded at `reduce_to` of its size or the next power-of-2 reduction above it (PIL's `draft`:
+    libjpeg scales in the DCT, skipping most of the work of a full decode)."""
     image = _opened(path, limits, formats, also_read)
     try:
+        if reduce_to < 1 and image.format == "JPEG":
+            image.draft(image.mode, frame_size(*image.size, reduce_to))
         image.load()
         return image, _orientation(image)
     except Exception as err:  # noqa: BLE001 - a decoder's failure on one crafted file is that file's error
@@ -204,7 +208,11 @@ def open_image(path: ImageSource, limits: InputLimits | None = None, formats: tu
     it is not one of `formats`, declares more pixels than `limits.image_pixels` (both checked before
     decoding) or does not decode; the refusal of another format names `also_read` too (what else the
     caller reads: " and MP4 ... videos")."""
-    image, orientation = _decoded(path, limits, formats, also_read)
+    return _as_seen(*_decoded(path, limits, formats, also_read), path)
+
+
+def _as_seen(image: Image.Image, orientation: int, path: ImageSource) -> Image.Image:
+    """A decoded image turned by its EXIF orientation, a 16-bit PNG scaled to 8 bits (`open_image`)."""
     depth = png_depth(_head(path, 1 << 16)) if image.format == "PNG" else None
     if depth is None or depth.bits != 16 or depth.colour_type not in (0, 2, 6):
         return eight_bit(_turned(image, orientation))
@@ -214,6 +222,15 @@ def open_image(path: ImageSource, limits: InputLimits | None = None, formats: tu
         samples = _ORIENTED.get(orientation, lambda a: a)(_sixteen_bit_colour(path))
     mode = {0: "L", 2: "RGB", 6: "RGBA"}[depth.colour_type]
     return Image.fromarray(scaled_to_8_bit(samples, _white(samples, depth.significant_bits)), mode)
+
+
+def read_frame(path: ImageSource, scale: float, channels: int, limits: InputLimits | None = None) -> np.ndarray:
+    """A whole frame at `scale` as uint8 (`preprocess.frame_pixels`), a JPEG decoded at reduced
+    size where the frame is smaller than the file (`_decoded`'s draft), then resized to the exact
+    frame size as any other file is."""
+    width, height = image_size(path, limits)
+    picture = _as_seen(*_decoded(path, limits, IMAGE_FORMATS, reduce_to=scale), path)
+    return frame_pixels(picture, frame_size(width, height, scale), channels)
 
 
 def image_size(path: ImageSource, limits: InputLimits | None = None) -> tuple[int, int]:
@@ -229,13 +246,15 @@ def read_image(path: ImageSource, size: int, channels: int, limits: InputLimits 
     return to_model_input(open_image(path, limits), size, channels)
 
 
-def read_mask(path: Path, like: Path | None = None, limits: InputLimits | None = None) -> np.ndarray:
-    """A single-channel uint8 mask at its own resolution; `like` is an image it must match in size."""
+def read_mask(path: Path, like: Path | None = None, limits: InputLimits | None = None,
+              like_size: tuple[int, int] | None = None) -> np.ndarray:
+    """A single-channel uint8 mask at its own resolution; `like` is an image it must match in size
+    (`like_size`, its size where the caller has read it already)."""
     mask = _turned(*_decoded(path, limits, IMAGE_FORMATS))
     if mask.mode not in ("L", "P", "1", "I", "I;16"):
         mask = mask.convert("L")
     if like is not None:
-        expected = image_size(like, limits)
+        expected = like_size or image_size(like, limits)
         if mask.size != expected:
             raise ValueError(f"mask {path} is {mask.size[0]}x{mask.size[1]} but its image {like} is "
                              f"{expected[0]}x{expected[1]}; masks must match their image's size")

@@ -89,6 +89,11 @@ class Domain:
     """`python -m triskele.train prepare <domain>`: raw data into the layout the domain reads."""
     eval_commands: tuple[str, ...] = ()
     """The names of its inference module's `COMMANDS`: the command line lists them without importing it."""
+    pack_keys: tuple[str, ...] = ()
+    """The config keys whose values shape its records before augmentation (what `pack` stores): a
+    pack made with other values is refused, naming the keys; empty: the domain is not packed."""
+    pack_codecs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """How `pack` stores each array of its records (`triskele.train.data.packed.CODECS`; default raw)."""
     variants: Mapping[str, Callable[[str], Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     """Further presets `<name>-<variant>-<size>`: variant -> (size name -> config values applied
     after the size's), for a second job of the domain (merch's `shelf`: the facing detector)."""

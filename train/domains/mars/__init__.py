@@ -35,8 +35,16 @@ class MarsOptions:
     """Synthetic frames' size; None when a run starts: 1.5 x model.image_size."""
 
 
+PACK_KEYS = ("model.channels", "mars.scale", "mars.label_agreement", "data.val_fraction")
+"""What shapes a mars record before augmentation (the crop to model.image_size comes after)."""
+
+
 def resolve(config) -> None:
+    from triskele.train.data.packed import is_packed, packed_value
+
     options = config.mars
+    if options.scale is None and is_packed(config.data.path):
+        options.scale = packed_value(config.data.path, "mars.scale")
     if options.scale is None:
         options.scale = AI4MARS_SCALE if config.data.path and (Path(config.data.path) / "msl").is_dir() else 1.0
     if options.frame_size is None:
@@ -49,9 +57,18 @@ def resolve(config) -> None:
 
 def open_split(config, split: str) -> Source:
     import jax
+    from triskele.train.data.packed import is_packed
     from triskele.train.domains.mars.data import SyntheticTerrain, TerrainFiles
 
     crops = check_split(split) == "train"
+    if is_packed(config.data.path):
+        from triskele.train.data.packed import open_packed
+        from triskele.train.domains.mars.data import PackedTerrain
+
+        packed = PackedTerrain(open_packed(config, split, PACK_KEYS), config.model.image_size, crops)
+        if jax.process_index() == 0:
+            print(packed.report(), flush=True)
+        return packed
     if config.data.path:
         files = TerrainFiles(config.data.path, split, config.model.image_size, config.model.channels,
                              agreement=config.mars.label_agreement, scale=config.mars.scale, crops=crops,
@@ -84,7 +101,7 @@ MARS = register(Domain(
     evaluator=Later("triskele.train.domains.mars.evaluator", "MarsEvaluator"),
     metric_names=Later("triskele.train.domains.mars.metrics", "NAMES"), inference="triskele.eval.domains.mars",
     resolve=resolve,
-    resume_options=("label_agreement",),
+    resume_options=("label_agreement",), pack_keys=PACK_KEYS, pack_codecs={"image": "raw", "label": "zlib"},
     predict_flags=(
         Flag("--stride", "sliding-window stride in pixels (default 2/3 window)", type=bounded(int, 1)),
         Flag("--tta", "average with the mirrored pass", choices=("flip",)),

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from triskele.models.mars import IGNORE_LABEL as IGNORE
-from triskele.models.preprocess import to_frame
+from triskele.models.preprocess import to_unit_range
 from triskele.train.config import InputLimits
-from triskele.train.data.images import IMAGE_SUFFIXES, open_image, read_mask
+from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_frame, read_mask
+from triskele.train.data.packed import PackedRecords
 from triskele.train.data.pipeline import RecordCache
 from triskele.train.data.splits import check_split, hold_out
 
@@ -271,16 +272,52 @@ class TerrainFiles:
     def __len__(self) -> int:
         return len(self.records)
 
-    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
-        """The frame scaled by `scale` with its label at native resolution; with `crops`, a random
-        image_size crop of the scaled frame and of its label scaled alike (nearest neighbour)."""
+    def decoded(self, index: int) -> dict[str, np.ndarray]:
+        """Record `index` before augmentation, as a pack stores it: the frame at `scale` (uint8,
+        `read_frame`) and its label (uint8) with the rover and range masks merged in, at native
+        resolution, or with `crops` scaled as the frame (nearest neighbour)."""
         image_path, label_path, mask_paths = self.records[index]
-        label = read_mask(label_path, like=image_path, limits=self.limits)
+        size = image_size(image_path, self.limits)
+        label = read_mask(label_path, image_path, self.limits, size)
         check_label_values(label, label_path)
         for mask_path in mask_paths:  # rover and beyond-range pixels are not terrain to learn
-            label = np.where(read_mask(mask_path, like=image_path, limits=self.limits) > 0, IGNORE, label)
-        image = to_frame(open_image(image_path, self.limits), self.scale, self.channels)
+            label = np.where(read_mask(mask_path, image_path, self.limits, size) > 0, IGNORE, label)
+        image = read_frame(image_path, self.scale, self.channels, self.limits)
+        label = label.astype(np.uint8)
         if self.crops:
-            scaled = Image.fromarray(label.astype(np.uint8)).resize(image.shape[1::-1], Image.NEAREST)
-            image, label = crop(image, np.asarray(scaled), self.image_size, rng)
-        return augment(image, label, rng)
+            label = np.asarray(Image.fromarray(label).resize(image.shape[1::-1], Image.NEAREST))
+        return {"image": image, "label": label}
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        """The frame scaled by `scale` with its label at native resolution; with `crops`, a random
+        image_size crop of the scaled frame and of its label scaled alike."""
+        return terrain_sample(self.decoded(index), self.image_size, self.crops, rng)
+
+    def packed_meta(self) -> dict:
+        return {}
+
+
+def terrain_sample(record: dict[str, np.ndarray], image_size: int, crops: bool, rng: np.random.Generator | None
+                   ) -> dict[str, np.ndarray]:
+    """A decoded record (`TerrainFiles.decoded`) as training reads it: with `crops`, a random
+    image_size crop (made on the 8-bit pixels, converted after), then `augment`."""
+    image, label = record["image"], record["label"]
+    if crops:
+        image, label = crop(image, label, image_size, rng)
+    return augment(to_unit_range(image), label, rng)
+
+
+class PackedTerrain:
+    """A packed mars split (`triskele.train.data.packed`): its decoded records through `terrain_sample`."""
+
+    def __init__(self, records: PackedRecords, image_size: int, crops: bool):
+        self.records, self.image_size, self.crops = records, image_size, crops
+
+    def report(self) -> str:
+        return f"packed mars data at {self.records.root}, split {self.records.split!r}: {len(self)} records"
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        return terrain_sample(self.records.decoded(index), self.image_size, self.crops, rng)
