@@ -545,4 +545,20 @@ MUTANTS: tuple[Mutant, ...] = (
            "return float(np.mean(drift)) < LANDMARK_DRIFT", "return True",
            ("tests/test_face_choice.py::test_the_landmarks_of_the_face_hold_and_those_of_the_patch_drift",),
            "every box's landmarks taken to fit a face: a face-like pattern's drifting points no longer lose"),
+    Mutant("pack-shard-order", "train/tools/pack.py", "_pack_split",
+           "blobs = list(pool.imap(_encoded, indices, chunksize=4) if pool else map(_encoded, indices))",
+           "blobs = list(pool.imap(_encoded, indices, chunksize=4) if pool else map(_encoded, indices))[::-1]",
+           ("tests/test_packed.py::test_every_packed_record_equals_the_trees_before_augmentation",),
+           "a shard's records stored in another order than the tree's: record i of the pack is another record"),
+    Mutant("packed-augmentation-key", "train/domains/mars/data.py", "PackedTerrain.load",
+           "return terrain_sample(self.records.decoded(index), self.image_size, self.crops, rng)",
+           "return terrain_sample(self.records.decoded(index), self.image_size, self.crops, "
+           "None if rng is None else np.random.default_rng(index))",
+           ("tests/test_packed.py::test_a_run_on_the_pack_gives_the_trees_losses_on_1_and_8_devices_and_resumes_exactly",),
+           "packed records augmented by a generator of their index alone, not of (seed, epoch, index): the same "
+           "crops and flips every epoch, and losses unlike the tree's"),
+    Mutant("packed-mask-not-merged", "train/domains/mars/data.py", "TerrainFiles.decoded",
+           "label = np.where(read_mask(mask_path, image_path, self.limits, size) > 0, IGNORE, label)", "pass",
+           ("tests/test_packed.py::test_every_packed_record_equals_the_trees_before_augmentation",),
+           "the rover and range masks not merged into the stored label: the rover's pixels trained on as terrain"),
 )

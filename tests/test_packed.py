@@ -175,3 +175,69 @@ def test_the_codecs_round_trip_every_dtype():
         for key, value in record.items():
             assert back[key].dtype == value.dtype and back[key].shape == value.shape
             np.testing.assert_array_equal(back[key], value, err_msg=f"{codec} {key}")
+
+
+def assert_same_records(config, packed, keys, splits=("train", "val", "test")):
+    """Every field of every record of each split: the pack's equals the tree's before augmentation."""
+    from triskele.train.run import resolve_from_data
+
+    domain = resolve_from_data(config)
+    for split in splits:
+        files = domain.open_split(config, split)
+        files = getattr(files, "packed_source", files)
+        records = PackedRecords.open(packed, split, shaping(config, keys))
+        assert len(records) == len(files) > 0, split
+        for index in range(len(files)):
+            want, got = files.decoded(index), records.decoded(index)
+            assert set(want) == set(got), (split, set(want) ^ set(got))
+            for key in want:
+                assert np.asarray(got[key]).dtype == np.asarray(want[key]).dtype, (split, index, key)
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"{split} {index} {key}")
+
+
+def losses(workdir):
+    return {step: record["loss"] for step, record in step_records(workdir).items()}
+
+
+@pytest.mark.parametrize("fakes", ["supervised", "sbi"])
+def test_deepfake_frames_pack_with_their_labels_videos_families_and_face_regions(fakes, tmp_path):
+    from test_deepfake_data import write_ffpp
+
+    write_ffpp(tmp_path / "tree")
+    overrides = {"data.path": str(tmp_path / "tree"), "model.image_size": 16, "model.patch": 8,
+                 "deepfake.frames_per_video": 4, "deepfake.fakes": fakes, "data.global_batch": 8,
+                 "run.steps": 3, "data.val_fraction": 0.25}
+    config = make_config("deepfake-tiny", overrides)
+    summary = pack_data(config, tmp_path / "packed", shard_records=5, progress=False)
+    assert set(summary["splits"]) == {"train", "val", "test"}, summary["not_packed"]
+    keys = get_domain("deepfake").pack_keys
+    assert_same_records(make_config("deepfake-tiny", overrides), tmp_path / "packed", keys)
+    runs = {}
+    for name, path in (("tree", tmp_path / "tree"), ("packed", tmp_path / "packed")):
+        for spec in ("single", "data=8"):
+            runs[name, spec] = tmp_path / f"{name}-{spec}"
+            train(small_config("deepfake-tiny", **{**overrides, "data.path": str(path)}), workdir=runs[name, spec],
+                  mesh=mesh_of(spec), progress=False)
+    for spec in ("single", "data=8"):
+        tree, packed = losses(runs["tree", spec]), losses(runs["packed", spec])
+        assert sorted(tree) == [1, 2, 3]
+        for step in tree:
+            assert packed[step] == pytest.approx(tree[step], rel=1e-6), (fakes, spec, step)
+
+
+def test_product_crops_pack_with_their_classes_kinds_and_gallery(tmp_path):
+    from test_merch import write_products
+
+    write_products(tmp_path / "tree")
+    overrides = {"data.path": str(tmp_path / "tree"), "model.image_size": 16, "model.patch": 8,
+                 "data.global_batch": 4, "run.steps": 3, "data.val_fraction": 0.2}
+    pack_data(make_config("merch-tiny", overrides), tmp_path / "packed", progress=False)
+    assert_same_records(make_config("merch-tiny", overrides), tmp_path / "packed", get_domain("merch").pack_keys)
+    runs = {}
+    for name, path in (("tree", tmp_path / "tree"), ("packed", tmp_path / "packed")):
+        runs[name] = tmp_path / name
+        train(small_config("merch-tiny", **{**overrides, "data.path": str(path)}), workdir=runs[name],
+              mesh=mesh_of("single"), progress=False)
+    assert json.loads((runs["packed"] / "config.json").read_text())["model"]["class_names"] == ["cola", "tea"]
+    tree, packed = losses(runs["tree"]), losses(runs["packed"])
+    assert sorted(tree) == [1, 2, 3] and all(packed[s] == pytest.approx(tree[s], rel=1e-6) for s in tree)

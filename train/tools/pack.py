@@ -96,9 +96,13 @@ def pack_data(config: Any, output: str | Path, shard_records: int = SHARD_RECORD
     for split in SPLITS:
         try:
             source = domain.open_split(config, split)
+            source = getattr(source, "packed_source", source)  # a split made from another (self-blended twins)
         except ValueError as err:  # a tree without this split (no test labels, say): said, not packed
             summary["not_packed"][split] = str(err)
             continue
+        if not hasattr(source, "decoded"):
+            raise ValueError(f"{domain.name} {split} records of this kind ({type(source).__name__}) are not packed; "
+                             "train on the tree itself")
         entry = manifest["splits"].setdefault(split, {"records": len(source), "shards": [], "digests": {},
                                                       "complete": False})
         if entry["records"] != len(source):

@@ -59,6 +59,7 @@ FAKES = ("sbi", "supervised")
 
 def resolve(config) -> None:
     """Refuses options that name nothing and records the run's face crops, when a run starts."""
+    from triskele.train.data.packed import is_packed, packed_value
     from triskele.train.domains.deepfake.crops import check_face_crops, training_crops
     from triskele.train.domains.deepfake.data import FAMILIES
     from triskele.train.domains.deepfake.landmarks import check_sbi_mask
@@ -69,6 +70,8 @@ def resolve(config) -> None:
         raise ValueError(f"config key 'deepfake.fakes' is {options.fakes!r}; choose one of {', '.join(FAKES)}")
     check_layout_name(options.layout)
     check_sbi_mask(options.sbi_mask)
+    if options.face_crops is None and is_packed(config.data.path):
+        options.face_crops = packed_value(config.data.path, "deepfake.face_crops")
     if options.face_crops is None:
         options.face_crops = training_crops(config.data.path)
     check_face_crops(options.face_crops)
@@ -77,8 +80,17 @@ def resolve(config) -> None:
                          f"are {', '.join(FAMILIES)}")
 
 
+PACK_KEYS = ("model.image_size", "model.frames", "deepfake.frames_per_video", "deepfake.compression",
+             "deepfake.layout", "deepfake.fakes", "deepfake.holdout", "deepfake.eval_methods", "deepfake.sbi_mask",
+             "deepfake.face_crops", "data.val_fraction")
+"""What chooses and shapes a deepfake record before augmentation: the crops' size and method, the
+frames sampled per video (a clip's), which videos each split holds, and the face regions of
+self-blended training."""
+
+
 def open_split(config, split: str) -> Source:
     import jax
+    from triskele.train.data.packed import is_packed
     from triskele.train.domains.deepfake.data import FAMILIES, FaceFrames, SyntheticFaces
     from triskele.train.domains.deepfake.sbi import SelfBlendedFaces, pool_without
 
@@ -88,7 +100,14 @@ def open_split(config, split: str) -> Source:
     # eval_methods choose the test split's.
     holdout = (options.holdout,) if options.holdout and split != "test" and not self_blended else ()
     chosen = _methods(options.eval_methods) if split == "test" else None
-    if config.data.path:
+    if is_packed(config.data.path):
+        from triskele.train.data.packed import open_packed
+        from triskele.train.domains.deepfake.data import PackedFaces
+
+        source = PackedFaces(open_packed(config, split, PACK_KEYS))
+        if jax.process_index() == 0:
+            print(source.report(), flush=True)
+    elif config.data.path:
         source = FaceFrames(config.data.path, split, config.model.image_size, options.frames_per_video, frames,
                             methods=chosen, exclude=holdout, compression=options.compression, reals_only=self_blended,
                             val_fraction=config.data.val_fraction, limits=config.limits, layout=options.layout,
@@ -136,6 +155,7 @@ DEEPFAKE = register(Domain(
                    Flag("--as", "read each folder of images as one video's face-crop frames or as photos scored "
                         "each on its own (default: frames where every name is a frame number, else photos)",
                         choices=("video", "images"), dest="read_as")),
-    resume_options=("eval_methods", "face_crops"), legacy_defaults={"face_crops": OLD_RUNS}, clips=True,
+    resume_options=("eval_methods", "face_crops"), pack_keys=PACK_KEYS, pack_codecs={"region": "zlib"},
+    legacy_defaults={"face_crops": OLD_RUNS}, clips=True,
     prepare=PREPARE,
 ))

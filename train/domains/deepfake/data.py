@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from scipy import ndimage
-from triskele.models.preprocess import square_crop_box
+from triskele.models.preprocess import model_input_pixels, square_crop_box, to_unit_range
 from triskele.train.config import InputLimits
-from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_image
+from triskele.train.data.images import IMAGE_SUFFIXES, image_size, open_image
+from triskele.train.data.packed import PackedRecords
 from triskele.train.data.pipeline import RecordCache
 from triskele.train.data.splits import check_split
 from triskele.train.domains.deepfake.crops import MANIFEST, SYNTHETIC, prepared_crops
@@ -439,20 +440,34 @@ class FaceFrames:
     def __len__(self) -> int:
         return len(self.records)
 
-    def _image(self, paths: list[Path]) -> np.ndarray:
-        frames = [read_image(p, self.image_size, 3, self.limits) for p in paths]
+    def _pixels(self, paths: list[Path]) -> np.ndarray:
+        frames = [model_input_pixels(open_image(p, self.limits), self.image_size, 3) for p in paths]
         return np.stack(frames) if self.clip_frames > 1 else frames[0]
+
+    def decoded(self, index: int) -> dict[str, np.ndarray]:
+        """Record `index` before augmentation, as a pack stores it: its frame (or clip) at the model's
+        input size as uint8, label, video, family and, for a reals-only split (self-blended training),
+        each frame's face region (uint8, 1 inside)."""
+        paths, label, video = self.records[index]
+        record = {"image": self._pixels(paths), "label": np.int32(label), "video": np.int32(video),
+                  "family": np.int32(self._families[video])}
+        if self.reals_only:
+            regions = np.stack([self._face_region(p) for p in paths]).astype(np.uint8)
+            record["region"] = regions if self.clip_frames > 1 else regions[0]
+        return record
 
     def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         paths, label, video = self.records[index]
-        return augment(self._image(paths), label, video, rng, family=self._families[video])
+        return augment(to_unit_range(self._pixels(paths)), label, video, rng, family=self._families[video])
+
+    def packed_meta(self) -> dict:
+        return {"family_names": list(self.family_names), "video_names": self.video_names, "reals": self._reals}
 
     def real_face(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Real record k (of `num_reals`), the crop's face region (per frame of a clip), video."""
         paths, _, video = self.records[self._reals[k]]
-        image = self._image(paths)
         regions = np.stack([self._face_region(p) for p in paths])
-        return image, regions if self.clip_frames > 1 else regions[0], video
+        return to_unit_range(self._pixels(paths)), regions if self.clip_frames > 1 else regions[0], video
 
     def _face_region(self, frame: Path) -> np.ndarray:
         """SBI's face region of one crop at the model's input size (`sbi_mask`)."""
@@ -471,4 +486,38 @@ class FaceFrames:
 
     def capture(self, k: int, frames: np.ndarray) -> np.ndarray:
         """Crops on disk come decoded from their videos: nothing more is done to them."""
+        return frames
+
+
+class PackedFaces:
+    """A packed split of face crops (`triskele.train.data.packed`), read as `FaceFrames` reads its
+    tree: records through `augment`, and for self-blended training its reals and their face regions."""
+
+    def __init__(self, records: PackedRecords):
+        self.records = records
+        self.family_names = tuple(records.meta["family_names"])
+        self.video_names = list(records.meta["video_names"])
+        self._reals = list(records.meta["reals"])
+        self.num_reals = len(self._reals)
+
+    def report(self) -> str:
+        return (f"packed deepfake data at {self.records.root}, split {self.records.split!r}: "
+                f"{len(self.video_names)} videos, {len(self)} records")
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        record = self.records.decoded(index)
+        return augment(to_unit_range(record["image"]), int(record["label"]), int(record["video"]), rng,
+                       family=int(record["family"]))
+
+    def real_face(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        record = self.records.decoded(self._reals[k])
+        if "region" not in record:
+            raise ValueError(f"packed data {self.records.root}, split {self.records.split!r} holds no face regions: "
+                             "it was packed for another deepfake.fakes; pack it with this run's keys")
+        return to_unit_range(record["image"]), record["region"].astype(np.float64), int(record["video"])
+
+    def capture(self, k: int, frames: np.ndarray) -> np.ndarray:
         return frames

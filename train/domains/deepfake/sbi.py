@@ -222,6 +222,11 @@ class SelfBlendedFaces:
             raise ValueError("self-blended training (deepfake.fakes=sbi) needs real faces; the split has none")
         self.reals, self.pool, self.seed = reals, pool, seed
 
+    @property
+    def packed_source(self) -> RealFaces:
+        """What `pack` stores of this split: the real faces (the twins are blended as training reads them)."""
+        return self.reals
+
     def __len__(self) -> int:
         return 2 * self.reals.num_reals
 

@@ -67,10 +67,26 @@ def shelf_preset(size: str) -> dict:
             "checkpoint.best_mode": "max", "data.eval_size": 1000}
 
 
+PACK_KEYS = ("merch.task", "model.image_size", "data.val_fraction")
+"""What shapes a product crop before augmentation (its classes are the run's, from the pack's manifest)."""
+
+
 def open_split(config, split: str) -> Source:
     import jax
+    from triskele.train.data.packed import is_packed
     from triskele.train.domains.merch.data import ProductImages, SyntheticRetail
 
+    if is_packed(config.data.path):
+        from triskele.train.data.packed import open_packed
+        from triskele.train.domains.merch.data import PackedProducts
+
+        if _check_task(config) == "shelf":
+            raise ValueError(f"data.path {config.data.path} is packed, and shelf photos (merch.task=shelf) are read "
+                             "from their tree only; give the tree")
+        packed = PackedProducts(open_packed(config, split, PACK_KEYS))
+        if jax.process_index() == 0:
+            print(packed.report(), flush=True)
+        return packed
     if _check_task(config) == "shelf":
         from triskele.train.domains.merch.shelf_photos import ShelfPhotos
 
@@ -106,8 +122,11 @@ def read_class_names(config) -> list[str]:
     if _check_task(config) == "shelf":
         return ["facing"]
     if config.data.path:
+        from triskele.train.data.packed import is_packed, read_manifest
         from triskele.train.domains.merch.data import training_classes
 
+        if is_packed(config.data.path):
+            return list(read_manifest(config.data.path)["class_names"])
         return training_classes(config.data.path)
     return [f"sku{i}" for i in range(config.merch.num_skus)] + ["empty"]
 
@@ -140,7 +159,7 @@ MERCH = register(Domain(
                    Flag("--unknown-threshold", "facing-detector runs: the cosine below which a facing is unknown "
                         "(default: the one chosen on val for the checkpoint)", type=bounded(float, -1, 1),
                         metavar="COSINE")),
-    resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"),
+    resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"), pack_keys=PACK_KEYS,
     chosen_by_evaluation={"score_threshold": 0.3, "unknown_threshold": 0.5},
     variants={"shelf": shelf_preset},
 ))

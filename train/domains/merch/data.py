@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
+from triskele.models.preprocess import model_input_pixels, to_unit_range
 from triskele.train.config import InputLimits
 from triskele.train.data.images import (
     IMAGE_SUFFIXES,
@@ -25,8 +26,8 @@ from triskele.train.data.images import (
     ImageSource,
     image_size,
     open_image,
-    read_image,
 )
+from triskele.train.data.packed import PackedRecords
 from triskele.train.data.splits import check_split, hold_out
 
 EMPTY = -1
@@ -313,12 +314,45 @@ class ProductImages:
     def __len__(self) -> int:
         return len(self.records)
 
-    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    def decoded(self, index: int) -> dict[str, np.ndarray]:
+        """Record `index` before augmentation, as a pack stores it: the crop at the model's input
+        size as uint8, its label and kind."""
         path, label, kind, _ = self.records[index]
-        image = read_image(path, self.size, 3, self.limits)
-        if rng is not None and rng.random() < 0.5:
-            image = image * rng.uniform(0.85, 1.15)
-        return _record(np.clip(image, 0, 1), label, kind)
+        pixels = model_input_pixels(open_image(path, self.limits), self.size, 3)
+        return {"image": pixels, "label": np.int32(label), "kind": np.int32(kind)}
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        return product_sample(self.decoded(index), rng)
+
+    def packed_meta(self) -> dict:
+        return {"num_classes": self.num_classes, "gallery_names": self.gallery_names}
+
+
+def product_sample(record: dict[str, np.ndarray], rng: np.random.Generator | None) -> dict[str, np.ndarray]:
+    """A decoded product crop (`ProductImages.decoded`) as training reads it: its brightness jittered
+    by up to 15% half the time."""
+    image = to_unit_range(record["image"])
+    if rng is not None and rng.random() < 0.5:
+        image = image * rng.uniform(0.85, 1.15)
+    return _record(np.clip(image, 0, 1), int(record["label"]), int(record["kind"]))
+
+
+class PackedProducts:
+    """A packed split of product crops (`triskele.train.data.packed`) through `product_sample`."""
+
+    def __init__(self, records: PackedRecords):
+        self.records = records
+        self.num_classes = int(records.meta["num_classes"])
+        self.gallery_names = list(records.meta["gallery_names"])
+
+    def report(self) -> str:
+        return f"packed product images at {self.records.root}, split {self.records.split!r}: {len(self)} images"
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def load(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        return product_sample(self.records.decoded(index), rng)
 
 
 def read_planogram(path: ImageSource, limits: InputLimits | None = None) -> dict:
