@@ -48,3 +48,21 @@ def test_images_per_sec_after_an_evaluation_off_the_log_steps(fake_clock, tmp_pa
     for record in logged.values():  # model FLOPs per 1-s step, the same in every interval
         assert record["tflops_per_device"] == first["tflops_per_device"]
         assert record.get("mfu") == first.get("mfu")
+
+
+def test_the_input_wait_is_the_share_of_each_interval_spent_waiting_for_a_batch(fake_clock, monkeypatch, tmp_path):
+    """A source 3 s a batch against 1 s steps: the host waits 3 of every 4 s (the first batch, read
+    before compiling, is not timed); a source that is always ahead: no wait."""
+    train_batches = loop._train_batches
+
+    def slow(parts, first, bad_records):
+        for batch in train_batches(parts, first, bad_records):
+            fake_clock.now += 3.0
+            yield batch
+
+    run(tmp_path / "fast", **{"run.steps": 8, "run.log_every": 4, "data.global_batch": BATCH})
+    assert [r["input_wait_fraction"] for r in step_records(tmp_path / "fast").values()] == [0.0, 0.0]
+    monkeypatch.setattr(loop, "_train_batches", slow)
+    run(tmp_path / "slow", **{"run.steps": 8, "run.log_every": 4, "data.global_batch": BATCH})
+    waits = [r["input_wait_fraction"] for r in step_records(tmp_path / "slow").values()]
+    assert waits == [pytest.approx(9 / 13), pytest.approx(12 / 16)]

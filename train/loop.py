@@ -151,8 +151,10 @@ class _Events:
 
     def restart_clock(self, step: int) -> None:
         """images/s counts the steps after `step` over the seconds from now (compilation before it not
-        counted; `evaluate` takes its own seconds out)."""
+        counted; `evaluate` takes its own seconds out); so does the input wait."""
         self.last_log_time, self.last_log_step = time.perf_counter(), step
+        self.input_wait = 0.0
+        """Seconds of this interval the host waited for the next batch (a starved run's share nears 1)."""
 
     def check_finite(self, records: list[tuple[int, dict[str, float]]]) -> None:
         """Stops the run (FloatingPointError) on a non-finite step, or on too many skipped in a row."""
@@ -180,15 +182,18 @@ class _Events:
         now = time.perf_counter()
         seconds = max(now - self.last_log_time, 1e-9)
         steps_timed = done - self.last_log_step
+        waiting = min(self.input_wait / seconds, 1.0)
         self.restart_clock(done)
         losses = self.interval_losses
         self.log.write({"step": done, **records[-1][1],
                         "loss_mean": float(np.mean(losses)) if losses else float("nan"),
+                        "input_wait_fraction": waiting,
                         **(self.skipping.record() if self.skipping else {}),
                         "images_per_sec": batch_size * steps_timed / seconds,
                         **self.throughput.record(seconds / steps_timed),
                         **({"pipeline_bubble": self.schedule["bubble"]} if self.schedule else {})})
-        bar.set_postfix(loss=f"{self.summary.last_loss:.4f}", img_s=f"{batch_size * steps_timed / seconds:.0f}")
+        bar.set_postfix(loss=f"{self.summary.last_loss:.4f}", img_s=f"{batch_size * steps_timed / seconds:.0f}",
+                        input_wait=f"{waiting:.0%}")
         self.interval_losses = []
 
     def evaluate(self, done: int, state: TrainState, bar: tqdm) -> dict[str, float]:
@@ -263,7 +268,10 @@ def _train(
     bar = tqdm(total=total, initial=first, disable=not progress or not log.enabled, unit="step", dynamic_ncols=True)
     with jax.set_mesh(mesh), profile:
         for step in range(first, total):
-            batch = host_to_global(next(batches), mesh, batch_size)
+            asked = time.perf_counter()
+            rows = next(batches)
+            events.input_wait += time.perf_counter() - asked
+            batch = host_to_global(rows, mesh, batch_size)
             if train_step is None:
                 train_step = events.throughput.compile(batch)
                 barrier(f"compiled-{first}")  # before the first collective runs (`barrier`)
