@@ -121,7 +121,7 @@ def measure(config, split: str, workers: int, seconds: float) -> dict[str, float
     """Records/s of the trainer's input path for `split` (train: its batches, global order and
     augmentation; another split: its evaluation batches) over about `seconds` after one warm batch."""
     from triskele.train.data.pipeline import eval_batches, train_batches
-    from triskele.train.run import resolve_from_data
+    from triskele.train.domains import resolve_from_data
 
     domain = resolve_from_data(config)
     source = domain.open_split(config, split)
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--records", type=int, help="size of the generated tree (default per domain)")
     parser.add_argument("--pack", action="store_true", help="also pack the tree and measure the pack")
+    parser.add_argument("--codec", action="append", default=[], metavar="ARRAY=CODEC",
+                        help="with --pack: store an array of the records with another codec (raw, zlib, png)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
@@ -171,13 +173,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.pack:
         from triskele.train.tools.pack import pack_data
 
-        packed = data.with_name(data.name + "-packed")
+        codecs = dict(codec.split("=", 1) for codec in args.codec)
+        packed = data.with_name(data.name + "-packed" + "".join(f"-{k}-{v}" for k, v in codecs.items()))
         began = time.perf_counter()
-        pack_data(make_config(args.preset, [*overrides, f"data.path={data}"]), packed, progress=False)
+        pack_data(make_config(args.preset, [*overrides, f"data.path={data}"]), packed, progress=False, codecs=codecs)
         pack_seconds = time.perf_counter() - began
-        rows.append({"data": "packed", "path": str(packed), "pack_seconds": round(pack_seconds, 1),
+        size = sum(f.stat().st_size for f in packed.rglob("*.array_record"))
+        rows.append({"data": "packed " + (",".join(args.codec) or "default"), "path": str(packed),
+                     "pack_seconds": round(pack_seconds, 1),
                      **measure(make_config(args.preset, [*overrides, f"data.path={packed}"]), args.split,
                                args.workers, args.seconds)})
+        rows[-1]["mb_per_record"] = round(size / rows[-1]["split_records"] / 1e6, 3)
         rows[-1]["folder_epoch_seconds"] = round(rows[0]["split_records"] / rows[0]["records_per_s"], 1)
     rate = h100_records_per_s(args.preset, args.set)
     for row in rows:
@@ -185,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         row["cores_per_h100"] = round(rate / row["records_per_s_per_core"], 1)
     print(f"{args.preset}, split {args.split}, workers {args.workers}: the trainer's input path, no model")
     print_table(rows, [c for c in ("data", "records", "seconds", "cores", "records_per_s", "records_per_s_per_core",
-                                   "h100_records_per_s", "cores_per_h100", "pack_seconds", "folder_epoch_seconds")
+                                   "h100_records_per_s", "cores_per_h100", "pack_seconds", "folder_epoch_seconds",
+                                   "mb_per_record")
                        if any(c in row for row in rows)])
     write_json(args.json, {"preset": args.preset, "split": args.split, "workers": args.workers, "machine": machine(),
                            "rows": rows, **{k: rows[-1][k] for k in ("records_per_s_per_core", "h100_records_per_s",

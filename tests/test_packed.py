@@ -179,7 +179,7 @@ def test_the_codecs_round_trip_every_dtype():
 
 def assert_same_records(config, packed, keys, splits=("train", "val", "test")):
     """Every field of every record of each split: the pack's equals the tree's before augmentation."""
-    from triskele.train.run import resolve_from_data
+    from triskele.train.domains import resolve_from_data
 
     domain = resolve_from_data(config)
     for split in splits:

@@ -59,8 +59,8 @@ def config_from_args(args: argparse.Namespace):
 
 def print_config(args: argparse.Namespace) -> int:
     """What a run of these flags resolves before it builds a mesh (the mesh spec stays as given), as YAML."""
+    from triskele.train.domains import resolve_from_data
     from triskele.train.pretrained import resolve_norm_eps
-    from triskele.train.run import resolve_from_data
 
     config = config_from_args(args)
     resolve_norm_eps(config)

@@ -22,7 +22,7 @@ from triskele.train.bookkeeping.logs import evaluation_at
 from triskele.train.checkpoint import Checkpoints
 from triskele.train.config import CheckpointConfig, Config, config_from_dict
 from triskele.train.data.pipeline import Source
-from triskele.train.domains import Domain, class_names, get_domain
+from triskele.train.domains import Domain, get_domain, resolve_from_data
 from triskele.train.optim import make_optimizer
 from triskele.train.state import TrainState, abstract_model, abstract_state, init_state, state_shardings
 from triskele.train.step import make_eval_step
@@ -60,16 +60,6 @@ class RunParts:
 MeshChooser = Callable[[Config], tuple[Config, list[str]]]
 """Chooses the mesh (and schedule, remat) for a config whose mesh is `auto`: the config chosen and
 the lines that say why (`triskele.train.auto_mesh.resolve_auto_mesh`)."""
-
-
-def resolve_from_data(config: Config) -> Domain:
-    """Fills what a run takes from its data when it starts, saved with it so that inference never
-    reads the training data: the domain's data-dependent options and the model's class names."""
-    domain = get_domain(config.domain)
-    if domain.resolve is not None:
-        domain.resolve(config)
-    config.model.class_names = class_names(config)
-    return domain
 
 
 def prepare(config: Config, mesh: Mesh | None = None, choose_mesh: MeshChooser | None = None) -> RunParts:

@@ -248,8 +248,9 @@ def read_image(path: ImageSource, size: int, channels: int, limits: InputLimits 
 
 def read_mask(path: Path, like: Path | None = None, limits: InputLimits | None = None,
               like_size: tuple[int, int] | None = None) -> np.ndarray:
-    """A single-channel uint8 mask at its own resolution; `like` is an image it must match in size
-    (`like_size`, its size where the caller has read it already)."""
+    """A single-channel mask at its own resolution (uint8 for 1- and 8-bit files, int64 for deeper
+    ones); `like` is an image it must match in size (`like_size`, its size where the caller has
+    read it already)."""
     mask = _turned(*_decoded(path, limits, IMAGE_FORMATS))
     if mask.mode not in ("L", "P", "1", "I", "I;16"):
         mask = mask.convert("L")
@@ -258,4 +259,5 @@ def read_mask(path: Path, like: Path | None = None, limits: InputLimits | None =
         if mask.size != expected:
             raise ValueError(f"mask {path} is {mask.size[0]}x{mask.size[1]} but its image {like} is "
                              f"{expected[0]}x{expected[1]}; masks must match their image's size")
-    return np.asarray(mask).astype(np.int64)
+    values = np.asarray(mask)
+    return values.astype(np.uint8) if values.dtype in (np.uint8, np.bool_) else values.astype(np.int64)

@@ -164,7 +164,7 @@ def write_shard(path: Path, blobs: list[bytes]) -> None:
     from triskele.train.bookkeeping.files import atomic_path
 
     with atomic_path(path) as temp:
-        writer = ArrayRecordWriter(temp, "group_size:1")
+        writer = ArrayRecordWriter(temp, "group_size:1,uncompressed")  # the records' codecs compress
         for blob in blobs:
             writer.write(blob)
         writer.close()

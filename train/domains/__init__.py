@@ -147,3 +147,13 @@ def class_names(config: Config) -> list[str]:
         raise ValueError(f"this run's config has no model.class_names (it was saved before they were recorded), and "
                          f"reading them from its training data failed: {err}. Point --data at the data it was "
                          "trained on, or set model.class_names") from None
+
+
+def resolve_from_data(config: Config) -> Domain:
+    """Fills what a run takes from its data when it starts, saved with it so that inference never
+    reads the training data: the domain's data-dependent options and the model's class names."""
+    domain = get_domain(config.domain)
+    if domain.resolve is not None:
+        domain.resolve(config)
+    config.model.class_names = class_names(config)
+    return domain

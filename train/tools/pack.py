@@ -17,6 +17,7 @@ import math
 import multiprocessing
 import sys
 import time
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +79,12 @@ def _save(output: Path, manifest: dict[str, Any]) -> None:
 
 
 def pack_data(config: Any, output: str | Path, shard_records: int = SHARD_RECORDS, workers: int = 0,
-              progress: bool = True) -> dict[str, Any]:
-    """Packs every split of `config`'s domain that `config.data.path` holds into `output`; returns the
-    summary (per split: records, shards written now and before; splits the tree does not hold, why)."""
-    from triskele.train.run import resolve_from_data
+              progress: bool = True, threads: int = 4, codecs: dict[str, str] | None = None) -> dict[str, Any]:
+    """Packs every split of `config`'s domain that `config.data.path` holds into `output`, decoding in
+    `threads` threads (the decoders release the GIL), or in `workers` processes; returns the summary
+    (per split: records, shards written now and before; splits the tree does not hold, why).
+    `codecs` replace the domain's `pack_codecs` for the arrays they name (to measure the choices)."""
+    from triskele.train.domains import resolve_from_data
 
     output, tree = Path(output), Path(config.data.path).resolve()
     if output.resolve() == tree or tree in output.resolve().parents:
@@ -110,8 +113,8 @@ def pack_data(config: Any, output: str | Path, shard_records: int = SHARD_RECORD
                              "began to be packed: the tree changed; give another --output")
         (output / split).mkdir(parents=True, exist_ok=True)
         remove_partials(output / split)
-        summary["splits"][split] = _pack_split(source, manifest, output, split, shard_records, workers,
-                                               dict(domain.pack_codecs), progress)
+        summary["splits"][split] = _pack_split(source, manifest, output, split, shard_records, workers, threads,
+                                               {**domain.pack_codecs, **(codecs or {})}, progress)
         entry["meta"] = source.packed_meta()
         entry["complete"] = True
         _save(output, manifest)
@@ -121,7 +124,7 @@ def pack_data(config: Any, output: str | Path, shard_records: int = SHARD_RECORD
 
 
 def _pack_split(source: Any, manifest: dict[str, Any], output: Path, split: str, shard_records: int, workers: int,
-                codecs: dict[str, str], progress: bool) -> dict[str, int]:
+                threads: int, codecs: dict[str, str], progress: bool) -> dict[str, int]:
     """`split`'s shards not written yet, the manifest saved after each (what a rerun goes on from)."""
     entry, records = manifest["splits"][split], len(source)
     shards = max(1, math.ceil(records / shard_records))
@@ -129,13 +132,11 @@ def _pack_split(source: Any, manifest: dict[str, Any], output: Path, split: str,
                                                .is_file())]
     bar = tqdm(total=len(todo), disable=not progress, unit="shard", desc=split, dynamic_ncols=True)
     pool = (multiprocessing.get_context("spawn").Pool(workers, _start_worker, (source, codecs))
-            if workers > 0 else None)
-    if pool is None:
-        _start_worker(source, codecs)
+            if workers > 0 else ThreadPool(max(threads, 1), _start_worker, (source, codecs)))
     try:
         for k in todo:
             indices = range(k * shard_records, min(records, (k + 1) * shard_records))
-            blobs = list(pool.imap(_encoded, indices, chunksize=4) if pool else map(_encoded, indices))
+            blobs = list(pool.imap(_encoded, indices, chunksize=4))
             path = output / split / shard_name(k)
             write_shard(path, blobs)
             entry["digests"][shard_name(k)] = file_digest(path)
@@ -144,8 +145,7 @@ def _pack_split(source: Any, manifest: dict[str, Any], output: Path, split: str,
             bar.update(1)
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()
+        pool.terminate()
     return {"records": records, "shards": shards, "written": len(todo), "kept": shards - len(todo)}
 
 
@@ -159,13 +159,16 @@ def _pack_command(parser: argparse.ArgumentParser):
                         help="override a config key that shapes the records, e.g. --set mars.scale=0.5")
     parser.add_argument("--shard-records", type=bounded(int, 1), default=SHARD_RECORDS,
                         help=f"records per shard (default {SHARD_RECORDS})")
+    parser.add_argument("--threads", type=bounded(int, 1), default=4,
+                        help="threads decoding records in this process (default 4)")
     parser.add_argument("--workers", type=bounded(int, 0), default=0,
-                        help="processes decoding records (default 0: this one)")
+                        help="processes decoding records instead of threads (default 0: threads)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def run(args: argparse.Namespace) -> int:
         config = make_config(args.preset, [*args.overrides, f"data.path={args.data}"])
-        summary = pack_data(config, args.output, args.shard_records, args.workers, not args.no_progress)
+        summary = pack_data(config, args.output, args.shard_records, args.workers, not args.no_progress,
+                            args.threads)
         print(json.dumps(summary, indent=2))
         for split, why in summary["not_packed"].items():
             print(f"{split}: not packed: {why}", file=sys.stderr)
