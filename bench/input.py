@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         pack_data(make_config(args.preset, [*overrides, f"data.path={data}"]), packed, progress=False, codecs=codecs)
         pack_seconds = time.perf_counter() - began
-        size = sum(f.stat().st_size for f in packed.rglob("*.array_record"))
+        size = sum(f.stat().st_size for f in (packed / args.split).glob("*.array_record"))
         rows.append({"data": "packed " + (",".join(args.codec) or "default"), "path": str(packed),
                      "pack_seconds": round(pack_seconds, 1),
                      **measure(make_config(args.preset, [*overrides, f"data.path={packed}"]), args.split,

@@ -554,7 +554,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "return terrain_sample(self.records.decoded(index), self.image_size, self.crops, rng)",
            "return terrain_sample(self.records.decoded(index), self.image_size, self.crops, "
            "None if rng is None else np.random.default_rng(index))",
-           ("tests/test_packed.py::test_a_run_on_the_pack_gives_the_trees_losses_on_1_and_8_devices_and_resumes_exactly",),
+           ("tests/test_packed.py::test_a_run_on_the_pack_gives_the_trees_losses_on_1_and_8_devices_resumes_exactly_and_"
+            "evaluates_alike",),
            "packed records augmented by a generator of their index alone, not of (seed, epoch, index): the same "
            "crops and flips every epoch, and losses unlike the tree's"),
     Mutant("packed-mask-not-merged", "train/domains/mars/data.py", "TerrainFiles.decoded",

@@ -75,7 +75,8 @@ def test_every_packed_record_equals_the_trees_before_augmentation(mars_tree):
         assert (files.decoded(0)["label"][-2:] == 255).all()  # the rover mask merged (at the frame's size)
 
 
-def test_a_run_on_the_pack_gives_the_trees_losses_on_1_and_8_devices_and_resumes_exactly(mars_tree, tmp_path):
+def test_a_run_on_the_pack_gives_the_trees_losses_on_1_and_8_devices_resumes_exactly_and_evaluates_alike(
+        mars_tree, tmp_path):
     tree, packed, _ = mars_tree
     common = {"mars.scale": 0.5, "model.image_size": 16, "model.patch": 8, "data.global_batch": 8,
               "run.steps": 3, "data.val_fraction": 0.1}
@@ -100,6 +101,12 @@ def test_a_run_on_the_pack_gives_the_trees_losses_on_1_and_8_devices_and_resumes
           progress=False)
     assert step_records(resumed)[3]["loss"] == pytest.approx(step_records(runs["packed", "single"])[3]["loss"],
                                                              rel=1e-6)
+    from triskele.eval.evaluate import evaluate_checkpoint
+
+    on_tree = evaluate_checkpoint(runs["tree", "single"], mesh="data=8", data=str(tree), output=tmp_path / "e1")
+    on_pack = evaluate_checkpoint(runs["tree", "single"], mesh="data=8", data=str(packed), output=tmp_path / "e2")
+    for key in ("miou", "pixel_acc"):
+        assert on_pack["metrics"][key] == pytest.approx(on_tree["metrics"][key], rel=1e-6), key
     want, got = final_params(runs["packed", "single"])[0], final_params(resumed)[0]
     for a, b in zip(np.asarray(jax_leaves(want), dtype=object), jax_leaves(got), strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
