@@ -1,12 +1,12 @@
 """The claims triskele was founded on, checked against the planner and the inference roofline
 (predictions only: nothing here runs on a GPU).
 
-    python bench/claims.py [--write-readme]
+    python bench/claims.py [--write-page]
 
 One row per claim: the claim, the figure the performance model gives for each domain's ViT-L/16
 preset (mars-l16, merch-l16, deepfake-l16) and for a ViT-L/16 ten times larger (width 3200, 32
 heads, 24 blocks: 2.95B weights), whether it agrees (the rule is stated in the row) and the term
-that decides it. `--write-readme` replaces the table between README.md's `<!-- claims: -->`
+that decides it. `--write-page` replaces the table between docs/performance.md's `<!-- claims: -->`
 markers; tests/test_claims.py keeps the two equal. B300 figures are the hardware table's
 (`triskele.mesh.perf.hardware`: NVIDIA's HGX B300 platform page, as tabulated at
 glennklockwood.com/garden/processors/B300); no GPU has been measured for these rows yet.
@@ -31,7 +31,7 @@ from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.config import make_config
 from triskele.train.tools.planning import abstract_model, plan_inputs, shape_inputs
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PERFORMANCE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 DOMAIN_PRESETS = ("mars-l16", "merch-l16", "deepfake-l16")
 TEN_X = "ViT-L/16 x10"
 LARGE_BATCH = 256
@@ -198,7 +198,7 @@ def claims_rows() -> list[dict]:
 
 
 def claims_table(rows: list[dict] | None = None) -> str:
-    """The README's claims table (markdown)."""
+    """The performance page's claims table (markdown)."""
     rows = claims_rows() if rows is None else rows
     lines = ["| claim | figure | agrees | rule | deciding term |", "|---|---|---|---|---|"]
     lines += [f"| {r['claim']} | {r['figure']} | {r['agrees']} | {r['rule']} | {r['term']} |" for r in rows]
@@ -208,23 +208,23 @@ def claims_table(rows: list[dict] | None = None) -> str:
 MARKERS = re.compile(r"(<!-- claims:[^\n]*-->\n)(.*?)(<!-- /claims -->)", re.S)
 
 
-def readme_claims(text: str) -> str:
+def page_claims(text: str) -> str:
     found = MARKERS.search(text)
     if not found:
-        raise ValueError("README.md has no claims table (<!-- claims: ... --> ... <!-- /claims -->)")
+        raise ValueError("docs/performance.md has no claims table (<!-- claims: ... --> ... <!-- /claims -->)")
     return found.group(2)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write-readme", action="store_true", help="replace README.md's claims table")
+    parser.add_argument("--write-page", action="store_true", help="replace docs/performance.md's claims table")
     args = parser.parse_args(argv)
     table = claims_table()
     print(table, end="")
-    if args.write_readme:
-        text = README.read_text()
-        readme_claims(text)
-        write_atomically(README, MARKERS.sub(lambda m: m.group(1) + table + m.group(3), text).encode())
+    if args.write_page:
+        text = PERFORMANCE.read_text()
+        page_claims(text)
+        write_atomically(PERFORMANCE, MARKERS.sub(lambda m: m.group(1) + table + m.group(3), text).encode())
     return 0
 
 

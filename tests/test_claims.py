@@ -1,4 +1,4 @@
-"""bench/claims.py: the founding claims' table, regenerated and compared with the README's."""
+"""bench/claims.py: the founding claims' table, regenerated and compared with docs/performance.md's."""
 
 import sys
 from pathlib import Path
@@ -23,9 +23,9 @@ def rows(claims):
     return claims.claims_rows()
 
 
-def test_the_readme_claims_table_is_the_bench_s(claims, rows):
-    assert claims.readme_claims(claims.README.read_text()) == claims.claims_table(rows), \
-        "regenerate: python bench/claims.py --write-readme"
+def test_the_performance_pages_claims_table_is_the_bench_s(claims, rows):
+    assert claims.page_claims(claims.PERFORMANCE.read_text()) == claims.claims_table(rows), \
+        "regenerate: python bench/claims.py --write-page"
 
 
 def test_every_claim_of_issue_33_has_a_row_with_a_figure(rows):

@@ -1,4 +1,4 @@
-"""The README's first examples run as written where a new reader is: one CPU device."""
+"""The training page's first examples (docs/training.md) run as written where a new reader is: one CPU device."""
 
 import os
 import re
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).parents[1] / "README.md"
+TRAINING = Path(__file__).parents[1] / "docs" / "training.md"
 
 
 def _one_cpu_env() -> dict[str, str]:
@@ -15,9 +15,10 @@ def _one_cpu_env() -> dict[str, str]:
 
 
 def _section(title: str) -> str:
-    text = README.read_text()
+    text = TRAINING.read_text()
     start = text.index(f"\n## {title}")
-    return text[start:text.index("\n## ", start + 1)]
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
 
 
 def _first_block(section: str, language: str) -> str:

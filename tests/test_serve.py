@@ -163,13 +163,13 @@ def test_a_tensor_parallel_mesh_serves_the_data_parallel_answer(domain_runs):
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
-def test_the_readmes_curl_example_gets_the_answer_tritonclient_gets(domain_runs, tmp_path):
+def test_the_serving_pages_curl_example_gets_the_answer_tritonclient_gets(domain_runs, tmp_path):
     import re
     import subprocess
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = re.search(r"With curl.*?```bash\n(.*?)```", readme, re.S).group(1)
+    page = (Path(__file__).parents[1] / "docs" / "serving.md").read_text()
+    block = re.search(r"With curl.*?```bash\n(.*?)```", page, re.S).group(1)
     Image.fromarray(noise(7, (36, 36), 3)).save(tmp_path / "face.png")
     with serving(domain_runs["deepfake"], max_batch=8) as server:
         script = block.replace("127.0.0.1:8000", server.url)
