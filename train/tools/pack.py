@@ -156,7 +156,7 @@ def _pack_command(parser: argparse.ArgumentParser):
     parser.add_argument("--output", required=True, type=folder, help="the packed folder to write (new, or one to "
                         "finish packing)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                        help="override a config key that shapes the records, e.g. --set mars.scale=0.5")
+                        help="override a config key that shapes the records (the manifest records each)")
     parser.add_argument("--shard-records", type=bounded(int, 1), default=SHARD_RECORDS,
                         help=f"records per shard (default {SHARD_RECORDS})")
     parser.add_argument("--threads", type=bounded(int, 1), default=4,
