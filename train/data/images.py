@@ -129,8 +129,18 @@ _TURNED = (5, 6, 7, 8)
 
 
 def _orientation(image: Image.Image) -> int:
-    """The EXIF orientation (1-8) of an opened image; 1 (as stored) without one or for a bad value."""
-    orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+    """The EXIF orientation (1-8) of an opened image, from its header (a JPEG's APP1, a PNG's eXIf
+    chunk before the pixels; `getexif` would decode a PNG whole to look after them); 1 (as stored)
+    without one, or for EXIF that does not parse or a value outside 1-8."""
+    raw = image.info.get("exif")
+    if not raw:
+        return 1
+    exif = Image.Exif()
+    try:
+        exif.load(raw)
+        orientation = exif.get(ExifTags.Base.Orientation, 1)
+    except Exception:  # noqa: BLE001 - damaged EXIF is no orientation, never an unreadable image
+        return 1
     return orientation if orientation in range(1, 9) else 1
 
 
