@@ -28,7 +28,7 @@ from triskele.mesh.perf.transformer_shape import block_params
 from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MeshSpec
 from triskele.train.bookkeeping.files import write_atomically
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.tools.planning import abstract_model, plan_inputs, shape_inputs
 
 PERFORMANCE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"

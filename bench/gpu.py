@@ -42,7 +42,7 @@ def training_row(preset: str, precision: str, plan: dict) -> dict:
     from triskele.mesh.perf.formulas import train_flops
     from triskele.mesh.perf.planner import best_for_mesh
     from triskele.mesh.spec import MeshSpec
-    from triskele.train.config import make_config
+    from triskele.train.config.overrides import make_config
     from triskele.train.data.pipeline import TrainStepLoader
     from triskele.train.run import prepare
     from triskele.train.tools.planning import plan_inputs

@@ -108,7 +108,7 @@ SIZES = {"mars": 64, "deepfake": 16, "merch": 1500}
 def h100_records_per_s(preset: str, overrides: list[str]) -> float:
     """The planner's records/s for `preset` on one H100 in bfloat16 (its pick of mesh and remat)."""
     from triskele.mesh.perf.planner import candidates
-    from triskele.train.config import make_config
+    from triskele.train.config.overrides import make_config
     from triskele.train.tools.planning import plan_inputs
 
     batch = min(make_config(preset, overrides).data.global_batch, 256)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 
-    from triskele.train.config import make_config
+    from triskele.train.config.overrides import make_config
 
     domain = make_config(args.preset, args.set).domain
     data = Path(args.data) if args.data else Path(args.tree or ROOT / "runs" / "bench-input" / domain)

@@ -15,7 +15,7 @@ import sys
 
 from common import mesh_bench_main
 from triskele.train.auto_mesh import resolve_auto_mesh
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.run import prepare
 from triskele.train.tools.step_analysis import compile_train_step, example_batch, measure, predict, state_bytes
 

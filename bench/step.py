@@ -29,7 +29,8 @@ from triskele.mesh.perf.hardware import peak_flops
 from triskele.mesh.spec import MeshSpec
 from triskele.models.vit import ViTClassifier, ViTConfig
 from triskele.train.auto_mesh import resolve_auto_mesh
-from triskele.train.config import OptimConfig, make_config
+from triskele.train.config.overrides import make_config
+from triskele.train.config.schema import OptimConfig
 from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.optim import make_optimizer
 from triskele.train.precision import compute_dtype, matmul_dtype

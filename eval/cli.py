@@ -23,7 +23,7 @@ from triskele.train.commands import (
     folder,
     run_command_line,
 )
-from triskele.train.config import add_limits_flag, input_limits
+from triskele.train.config.limits import add_limits_flag, input_limits
 from triskele.train.domains import Domain, domains
 
 

@@ -18,7 +18,7 @@ from triskele.mesh import make_mesh
 from triskele.train.auto_mesh import AUTO, resolve_auto_mesh
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.bookkeeping.stop import StopRequest
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.bad_records import tolerant
 from triskele.train.domains import domains, get_domain
 from triskele.train.run import restore_run

@@ -23,7 +23,8 @@ from triskele.models.layers import Dense
 from triskele.models.quantize import check_format, quantize
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.checkpoint import Checkpoints
-from triskele.train.config import CheckpointConfig, config_from_dict
+from triskele.train.config.migrations import config_from_dict
+from triskele.train.config.schema import CheckpointConfig
 from triskele.train.run import prepare, restore_run
 from triskele.train.state import TrainState
 

@@ -8,7 +8,7 @@ from triskele.mesh.perf.hardware import GPUS
 from triskele.mesh.perf.planner import BEST_SCHEDULE, candidates
 from triskele.train import train
 from triskele.train.auto_mesh import resolve_auto_mesh
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.tools.planning import plan_inputs
 
 

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from triskele.mesh import MeshSpec
-from triskele.train.config import load_file, make_config, parse_override
+from triskele.train.config.keys import load_file, parse_override
+from triskele.train.config.overrides import make_config
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 KEYS = ["mesh", "precision", "optim.lr", "optim.grad_accum", "data.global_batch", "model.remat", "model.size",

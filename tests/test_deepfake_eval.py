@@ -54,10 +54,10 @@ def test_holdout_evaluates_one_family(trained, capsys):
 def test_unseen_families_follow_what_training_read():
     config = small_config("deepfake-tiny", **{"deepfake.holdout": "Resample"})
     families = ["ColorShift", "Resample", "Swap"]
-    assert unseen_families(config.deepfake, families, synthetic=True) == ["Resample", "Swap"]
-    assert unseen_families(config.deepfake, ["Deepfakes", "Resample"], synthetic=False) == ["Resample"]
-    config.deepfake.fakes = "sbi"
-    assert unseen_families(config.deepfake, families, synthetic=True) == families, "sbi reads no fake"
+    assert unseen_families(config.options, families, synthetic=True) == ["Resample", "Swap"]
+    assert unseen_families(config.options, ["Deepfakes", "Resample"], synthetic=False) == ["Resample"]
+    config.options.fakes = "sbi"
+    assert unseen_families(config.options, families, synthetic=True) == families, "sbi reads no fake"
 
 
 def test_families_chart_is_titled_its_chance_line_labelled_unseen_marked_legend_clear():

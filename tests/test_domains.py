@@ -19,7 +19,7 @@ from triskele.models.vit import ViTClassifier
 from triskele.train import make_config
 from triskele.train.backbone import vit_config
 from triskele.train.cli import main as train_main
-from triskele.train.config import config_from_dict
+from triskele.train.config.migrations import config_from_dict
 from triskele.train.data.images import read_image
 from triskele.train.domains import Domain, domains, get_domain, register, unregister
 from triskele.train.evaluation import BatchEvaluator
@@ -171,7 +171,7 @@ def test_configs_saved_before_the_move_still_load():
     saved["data"].update(frames_per_video=4, holdout="Sharpen", eval_methods=None, compression="c23",
                          num_skus=100, label_agreement=3)
     config = config_from_dict(saved)
-    assert (config.deepfake.frames_per_video, config.deepfake.holdout) == (4, "Sharpen")
+    assert (config.options.frames_per_video, config.options.holdout) == (4, "Sharpen")
     assert config_from_dict(config.to_dict()).to_dict() == config.to_dict()
 
 

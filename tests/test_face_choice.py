@@ -13,7 +13,7 @@ pytest.importorskip("dlib", reason="face detection needs dlib (pip install dlib-
 pytest.importorskip("cv2", reason="video decoding needs OpenCV (pip install 'opencv-python-headless<5')")
 pytest.importorskip("skimage", reason="the portrait is scikit-image's sample photograph")
 
-from triskele.train.config import InputLimits  # noqa: E402
+from triskele.train.config.schema import InputLimits  # noqa: E402
 from triskele.train.domains.deepfake.faces import (  # noqa: E402
     landmarks_hold,
     main_track,

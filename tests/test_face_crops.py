@@ -21,7 +21,7 @@ pytest.importorskip("cv2", reason="video decoding needs OpenCV (pip install 'ope
 pytest.importorskip("skimage", reason="the test videos need scikit-image's sample photograph")
 
 from triskele.eval import predict  # noqa: E402
-from triskele.train.config import config_from_dict  # noqa: E402
+from triskele.train.config.migrations import config_from_dict  # noqa: E402
 from triskele.train.domains import get_domain  # noqa: E402
 from triskele.train.domains.deepfake import landmarks as lm  # noqa: E402
 from triskele.train.domains.deepfake.data import FaceFrames  # noqa: E402
@@ -127,7 +127,7 @@ def _manifest(tree, *entries):
 def _resolved(data_path=None, **overrides):
     config = small_config("deepfake-tiny", **({"data.path": str(data_path)} if data_path else {}), **overrides)
     get_domain("deepfake").resolve(config)
-    return config.deepfake.face_crops
+    return config.options.face_crops
 
 
 def test_training_records_the_crops_of_its_data_and_a_tree_mixing_both_is_refused(tmp_path):

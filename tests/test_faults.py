@@ -238,7 +238,7 @@ def test_skip_mode_leaves_the_state_bit_identical_on_a_non_finite_step(tmp_path,
     options = {"run.steps": 6, "run.on_nonfinite": "skip", "checkpoint.every": 1, "checkpoint.keep": 10}
     run(tmp_path, "data=8", **options)
     from triskele.train.checkpoint import Checkpoints
-    from triskele.train.config import CheckpointConfig
+    from triskele.train.config.schema import CheckpointConfig
     from triskele.train.run import prepare
 
     parts = prepare(small_config(**options), mesh_of("data=8"))

@@ -6,7 +6,7 @@ import triskele.train.step as step_module
 from conftest import assert_trees_close, relative_error
 from trainutil import mesh_of, small_config
 from triskele.mesh import host_to_global
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.run import prepare
 from triskele.train.tools.step_analysis import compile_train_step, measure

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 from triskele.eval.cli import main as eval_main
-from triskele.train.config import InputLimits, input_limits, make_config
+from triskele.train.config.limits import input_limits
+from triskele.train.config.overrides import make_config
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.png import png_file
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
@@ -296,7 +298,7 @@ def test_prepare_lists_a_video_over_the_limit_and_prepares_the_others(tmp_path, 
 
 RSS_PROBE = """
 import sys
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.images import open_image
 
 def peak():  # kB, since the last reset

@@ -1,4 +1,4 @@
-"""The layout rules of DESIGN.md ("The house") and issue 29, read from the source with `ast`.
+"""The layout rules of DESIGN.md ("The house"), read from the source with `ast`.
 
 Nothing here imports the package (no JAX; the whole file runs in well under a second). Every
 checker takes the root of a source tree, so that each rule is also run over a small synthetic tree
@@ -7,7 +7,11 @@ it must not.
 
 An import is every `import x` and `from x import y`, at module level or inside a function, plus
 `importlib.import_module("literal")` and `__import__("literal")`; an import under
-`if TYPE_CHECKING:` is not one (it never runs).
+`if TYPE_CHECKING:` is not one (it never runs). A computed import (`import_module(name)`) is
+allowed in two places only, and followed there: a package's `__getattr__` over its `_LAZY` table
+(it imports each module the table names) and the domain registry (it imports each built-in domain,
+and each `Later("module", ...)` and `inference="module"` a spec names). The import cycles include
+these edges.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ RUNTIME = (
     "mesh/__init__.py", "mesh/spec.py", "mesh/logical.py", "mesh/pipeline.py", "mesh/schedule.py", "mesh/batch.py",
     "mesh/chunks.py", "mesh/distributed.py",
     "models/",
-    "train/config.py", "train/state.py", "train/step.py", "train/optim.py", "train/checkpoint.py", "train/run.py",
+    "train/config/", "train/state.py", "train/step.py", "train/optim.py", "train/checkpoint.py", "train/run.py",
     "train/validate.py", "train/serve.py", "train/backbone.py",
 )
 """The runtime modules: none of them imports the performance model, directly or through others
@@ -54,10 +58,9 @@ DOMAIN_WORDS = ("mars", "merch", "deepfake")
 
 NAMING_EXCEPTIONS = (
     ("train/domains/__init__.py", "BUILTIN = ("),
-    ("train/config.py", 'DEFAULT_PRESET = "mars-tiny"'),
-    ("train/config.py", 'domain: str = "mars"'),
-    ("train/config.py", 'preset: str = "mars-tiny"'),
-    ("train/config.py", '_domain_options("mars")'),
+    ("train/config/presets.py", 'DEFAULT_PRESET = "mars-tiny"'),
+    ("train/config/schema.py", 'domain: str = "mars"'),
+    ("train/config/schema.py", 'preset: str = "mars-tiny"'),
 )
 """(file, text of the statement's first line): the only shared code that may name a domain, the list
 of built-in domains and the default preset (the `Config` defaults that spell it)."""
@@ -84,10 +87,14 @@ class Tree:
     modules: dict[str, str]
     """module name -> path relative to the root."""
     imports: list[Import]
+    computed: list[Import] = dataclasses.field(default_factory=list)
+    """The computed imports, resolved (a lazy table's modules, the registry's domains and spec modules)."""
+    unresolved: list[Import] = dataclasses.field(default_factory=list)
+    """Computed imports outside a lazy package and the registry (`target` is the call's text)."""
 
-    def edges(self) -> dict[str, list[Import]]:
+    def edges(self, computed: bool = False) -> dict[str, list[Import]]:
         out: dict[str, list[Import]] = {name: [] for name in self.modules}
-        for imp in self.imports:
+        for imp in [*self.imports, *(self.computed if computed else ())]:
             out.setdefault(imp.importer, []).append(imp)
         return out
 
@@ -109,13 +116,75 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _literal_import(call: ast.Call) -> str | None:
+def _is_import_call(call: ast.Call) -> bool:
     func = call.func
-    named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
-        isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
-    if named and call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+    return bool(call.args) and ((isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("import_module", "__import__")))
+
+
+def _literal_import(call: ast.Call) -> str | None:
+    if _is_import_call(call) and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
         return call.args[0].value
     return None
+
+
+REGISTRY = "train/domains/__init__.py"
+"""Registers the built-in domains by computed name (`BUILTIN`): followed, as edges to each."""
+
+SPEC_VALUES = "train/domains/spec.py"
+"""Loads a spec's `Later("module", ...)` values and its `inference="module"` when first read, by
+computed name: not followed (a domain's code calls the shared engine, and the engine reaches the
+domain's code only through its spec); `spec_value_violations` keeps each such module inside the
+domain that names it."""
+
+
+def spec_values(path: Path) -> list[tuple[str, int]]:
+    """The modules a spec names for loading on first read: `Later("module", ...)` and `inference="module"`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Name) and node.func.id == "Later" and node.args and isinstance(
+                node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            out.append((node.args[0].value, node.lineno))
+        out += [(kw.value.value, node.lineno) for kw in node.keywords if kw.arg == "inference"
+                and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)]
+    return out
+
+
+def computed_imports(root: Path, modules: dict[str, str], lazy: dict[str, dict[str, str]],
+                     ) -> tuple[list[Import], list[Import]]:
+    """(resolved, unresolved): every `import_module(<not a literal>)`, resolved where it is allowed."""
+    resolved: list[Import] = []
+    unresolved: list[Import] = []
+    registry = module_name(Path(REGISTRY))
+    for name, rel in modules.items():
+        source = (root / rel).read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if not (isinstance(node, ast.Call) and _is_import_call(node)) or _literal_import(node) is not None:
+                continue
+            text = lines[node.lineno - 1].strip()
+            if name in lazy:
+                resolved += [Import(name, target, rel, node.lineno, text) for target in lazy[name].values()]
+            elif rel == REGISTRY:
+                resolved += [Import(name, f"{registry}.{domain}", rel, node.lineno, text)
+                             for domain in builtin_domains(root)]
+            elif rel != SPEC_VALUES:
+                unresolved.append(Import(name, ast.unparse(node), rel, node.lineno, text))
+    return resolved, unresolved
+
+
+def spec_value_violations(tree: Tree) -> list[str]:
+    """A module a spec loads on first read lies in the places of the domain whose spec names it."""
+    domains = builtin_domains(tree.root)
+    out = []
+    for name, rel in tree.modules.items():
+        owner = domain_of(name, domains)
+        for target, line in spec_values(tree.root / rel):
+            if owner is None or domain_of(target, domains) != owner or target not in tree.modules:
+                out.append(f"{rel}:{line}: {target}  (a spec value outside {owner or 'any domain'}'s places)")
+    return out
 
 
 def _absolute(module: str | None, level: int, importer: str, is_package: bool) -> str:
@@ -124,6 +193,8 @@ def _absolute(module: str | None, level: int, importer: str, is_package: bool) -
     base = importer.split(".")
     base = base[: len(base) - (level - 1 if is_package else level)]
     return ".".join([*base, module] if module else base)
+
+
 
 
 def lazy_table(path: Path) -> dict[str, str]:
@@ -184,7 +255,8 @@ def read_tree(root: Path) -> Tree:
     known = set(modules)
     lazy = {name: table for name, rel in modules.items() if (table := lazy_table(root / rel))}
     imports = [imp for name, rel in modules.items() for imp in read_imports(root / rel, rel, name, known, lazy)]
-    return Tree(root, modules, imports)
+    computed, unresolved = computed_imports(root, modules, lazy)
+    return Tree(root, modules, imports, computed, unresolved)
 
 
 def layer_of(module: str) -> str | None:
@@ -299,7 +371,7 @@ def cycles(tree: Tree) -> list[list[Import]]:
     """Rule 4: every strongly connected group of modules, given as cycles that together use each of
     its import edges (each cycle: the imports, in order, that lead from a module back to itself)."""
     edges = {name: [imp for imp in imps if imp.target in tree.modules and imp.target != name]
-             for name, imps in tree.edges().items()}
+             for name, imps in tree.edges(computed=True).items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -378,7 +450,8 @@ def describe_cycle(cycle: list[Import], tree: Tree | None = None) -> str:
     hops = []
     for first in cycle:
         hop = (first.importer, first.target)
-        same = [imp for imp in tree.imports if (imp.importer, imp.target) == hop] if tree else [first]
+        every = [*tree.imports, *tree.computed] if tree else [first]
+        same = [imp for imp in every if (imp.importer, imp.target) == hop]
         hops += [f"    {imp.where()}" for imp in same]
     return "\n".join([chain, *hops])
 
@@ -488,6 +561,16 @@ def test_no_import_cycles():
     assert not found, f"import cycles ({len(found)}):\n" + "\n".join(describe_cycle(c, tree) for c in found)
 
 
+def test_only_the_registry_and_lazy_packages_import_by_computed_name():
+    found = read_tree(ROOT).unresolved
+    assert not found, _report("computed imports outside the registry and the lazy packages", [i.where() for i in found])
+
+
+def test_a_spec_loads_only_its_own_domain_s_modules():
+    violations = spec_value_violations(read_tree(ROOT))
+    assert not violations, _report("spec values loaded from outside their domain", violations)
+
+
 def test_shared_code_names_no_domain():
     violations, used = domain_naming_violations(ROOT)
     assert not violations, _report("shared code that names a domain", violations)
@@ -527,15 +610,15 @@ SYNTHETIC = {
     "models/merch.py": "from triskele.models import vit\n",
     "models/bad.py": "def f():\n    from triskele.train.step import train_step\n",
     "train/__init__.py": "",
-    "train/config.py": """
+    "train/config/__init__.py": "",
+    "train/config/presets.py": 'DEFAULT_PRESET = "mars-tiny"\n',
+    "train/config/schema.py": """
         import dataclasses
         from triskele.models import vit
-        DEFAULT_PRESET = "mars-tiny"
         @dataclasses.dataclass
         class Config:
             domain: str = "mars"
             preset: str = "mars-tiny"
-            options: object = dataclasses.field(default_factory=lambda: _domain_options("mars"))
             '''config.mars.stride is config.options.stride on a mars run (an attribute docstring).'''
         def get():
             from triskele.train.domains import get_domain  # mars: a comment, not code
@@ -554,18 +637,34 @@ SYNTHETIC = {
     "train/domains/__init__.py": """
         '''The registry: mars, merch (a docstring may name them).'''
         import importlib
-        from triskele.train.config import Config
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from triskele.train.config import Config
         BUILTIN = ("mars", "merch")
         def domains():
             for module in BUILTIN:
                 importlib.import_module(f"{__name__}.{module}")
+        """,
+    "train/domains/spec.py": """
+        import importlib
+        class Later:
+            def load(self):
+                return importlib.import_module(self.module)
         """,
     "train/domains/mars/__init__.py": """
         from triskele.models.mars import Segmenter
         from triskele.train.domains import Domain
         from triskele.train.domains.mars import data
         from triskele.train.domains.merch.data import read_sku
-        SPEC = Domain(name="mars", evaluation="triskele.eval.domains.mars")
+        from triskele.train.domains.mars.prepare import prepare
+        SPEC = Domain(name="mars", inference="triskele.eval.domains.mars",
+                      evaluator=Later("triskele.train.domains.merch.data", "Evaluator"))
+        """,
+    "train/domains/mars/prepare.py": "from triskele.train.config.schema import Config\n",
+    "train/plugins.py": """
+        import importlib
+        def load(name):
+            return importlib.import_module(name)
         """,
     "train/domains/mars/data.py": "MARS_CLASSES = ('soil', 'sand')\n",
     "train/domains/merch/__init__.py": "",
@@ -650,14 +749,28 @@ def test_cycles_control(tmp_path):
     found = cycles(read_tree(write_tree(tmp_path)))
     chains = sorted(describe_cycle(c).splitlines()[0] for c in found)
     # a -> b -> a through b's function-level import; c -> b only under TYPE_CHECKING back: no cycle
-    # with c; config <-> domains through config's function-level import
+    # with c. The circle a bare Config() once ran: the config looks a domain up in the registry, the
+    # registry imports each built-in domain by computed name, and a domain's preparation imports the
+    # config; and a domain whose spec imports the registry that registers it.
     assert chains == [
         "triskele.train.a -> triskele.train.b -> triskele.train.a",
-        "triskele.train.config -> triskele.train.domains -> triskele.train.config",
+        "triskele.train.config.schema -> triskele.train.domains -> triskele.train.domains.mars -> "
+        "triskele.train.domains.mars.prepare -> triskele.train.config.schema",
+        "triskele.train.domains -> triskele.train.domains.mars -> triskele.train.domains",
     ], chains
     text = describe_cycle(found[0], read_tree(tmp_path))
     assert "train/b.py:5: from triskele.train import a" in text, text
     assert "train/a.py:1: import triskele.train.b" in text, text
+
+
+def test_computed_imports_control(tmp_path):
+    tree = read_tree(write_tree(tmp_path))
+    assert [imp.where() for imp in tree.unresolved] == ["train/plugins.py:3: return importlib.import_module(name)"]
+    registered = sorted(imp.target for imp in tree.computed if imp.importer == "triskele.train.domains")
+    assert registered == ["triskele.train.domains.mars", "triskele.train.domains.merch"], registered
+    found = spec_value_violations(tree)
+    assert found == ["train/domains/mars/__init__.py:7: triskele.train.domains.merch.data  "
+                     "(a spec value outside mars's places)"], found
 
 
 def test_domain_naming_control(tmp_path):

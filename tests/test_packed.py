@@ -13,7 +13,7 @@ from PIL import Image
 from trainutil import final_params, mesh_of, small_config, step_records
 from triskele.train import train
 from triskele.train.cli import main as train_main
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.data.packed import PackedRecords, decode_record, encode_record, shaping
 from triskele.train.domains import get_domain
 from triskele.train.tools.pack import pack_data

@@ -21,7 +21,8 @@ from triskele.mesh.pipeline_1f1b import schedule_positions
 from triskele.mesh.schedule import SCHEDULES, bubble_fraction, ring_slots, schedule_iterations
 from triskele.mesh.spec import MeshSpec
 from triskele.train import train
-from triskele.train.config import Config, config_from_dict
+from triskele.train.config.migrations import config_from_dict
+from triskele.train.config.schema import Config
 from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.precision import activation_bytes
 from triskele.train.run import prepare

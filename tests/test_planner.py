@@ -6,7 +6,7 @@ import pytest
 from conftest import relative_error
 from triskele.mesh.perf.planner import candidates, evaluate
 from triskele.mesh.spec import MeshSpec
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.run import prepare
 from triskele.train.tools.plan import main as plan_main
 from triskele.train.tools.planning import abstract_mesh, plan_inputs

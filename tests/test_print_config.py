@@ -11,7 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from triskele.models.mars import CLASS_NAMES as MARS_CLASSES
 from triskele.train.cli import main
-from triskele.train.config import PRESETS, Config, YamlLoader, make_config, presets_table
+from triskele.train.config.overrides import make_config
+from triskele.train.config.presets import PRESETS
+from triskele.train.config.schema import Config
+from triskele.train.config.table import presets_table
+from triskele.train.config.yaml_format import YamlLoader
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -112,7 +116,7 @@ def readme_presets() -> str:
 
 
 def test_readme_preset_table_is_the_registry():
-    assert readme_presets() == presets_table(), "regenerate: python -c 'from triskele.train.config import " \
+    assert readme_presets() == presets_table(), "regenerate: python -c 'from triskele.train.config.table import " \
                                                 "presets_table; print(presets_table())'"
 
 

@@ -11,7 +11,7 @@ from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.eval.quantize import quantize_checkpoint
 from triskele.models.quantize import E2M1_VALUES, dequantize, quantize, unpack_fp4
 from triskele.train import make_config, train
-from triskele.train.config import config_from_dict
+from triskele.train.config.migrations import config_from_dict
 
 pytestmark = pytest.mark.xdist_group("mars_precision_runs")  # shares a session fixture: one worker runs them
 

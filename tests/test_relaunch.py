@@ -9,7 +9,7 @@ import jax
 import pytest
 from trainutil import SMALL, mesh_of, step_records
 from triskele.train.cli import main
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.domains import resolve_from_data
 from triskele.train.resume_check import changed_keys
 from triskele.train.run import prepare

@@ -21,7 +21,7 @@ from triskele.train.bookkeeping.files import remove_partials, write_atomically
 from triskele.train.bookkeeping.lock import WorkdirLock
 from triskele.train.bookkeeping.logs import RunLog
 from triskele.train.bookkeeping.plots import write_plots
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.data.bad_records import SkipBadRecords
 from triskele.train.domains.deepfake.evaluator import plot_roc
 from triskele.train.domains.mars.pictures import plot_confusion

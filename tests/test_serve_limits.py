@@ -114,7 +114,7 @@ def test_a_request_past_its_deadline_is_504_and_a_full_queue_503_with_retry_afte
 def test_serve_lists_its_own_lower_limits_and_set_raises_one_keeping_the_others(capsys):
     from triskele.eval.cli import main as eval_main
     from triskele.eval.defaults import SERVE_LIMITS
-    from triskele.train.config import input_limits
+    from triskele.train.config.limits import input_limits
 
     helps = {}
     for command in ("serve", "predict"):

@@ -85,7 +85,7 @@ def test_the_thresholds_chosen_on_val_are_saved_with_the_checkpoint_and_read_wit
     matched above that score), read back by evaluation, predict and export."""
     from triskele.eval.model import load_model
     from triskele.train.checkpoint import Checkpoints
-    from triskele.train.config import CheckpointConfig
+    from triskele.train.config.schema import CheckpointConfig
     from triskele.train.domains.merch.detection_metrics import threshold_scores
     from triskele.train.domains.merch.recognition_metrics import best_threshold, match
 
@@ -96,7 +96,7 @@ def test_the_thresholds_chosen_on_val_are_saved_with_the_checkpoint_and_read_wit
     record = next(r for r in logged if r["step"] == step and "unknown_threshold" in r)
     saved, saved_score = record["unknown_threshold"], record["score_threshold"]
     parts, params, _ = restore_params(trained, mesh_of("data=8"))
-    assert parts.config.merch.unknown_threshold == saved and parts.config.merch.score_threshold == saved_score
+    assert parts.config.options.unknown_threshold == saved and parts.config.options.score_threshold == saved_score
     written = json.loads((trained / "config.json").read_text())["merch"]
     assert written["unknown_threshold"] is None and written["score_threshold"] is None
     # The value is val's choice, recomputed here from the val split's detections.
@@ -116,7 +116,8 @@ def test_the_thresholds_chosen_on_val_are_saved_with_the_checkpoint_and_read_wit
     assert options["unknown_threshold"] == saved and options["score_threshold"] == saved_score
     chosen = restore_params(trained, mesh_of("data=8"),
                             overrides={"merch.unknown_threshold": 0.25, "merch.score_threshold": 0.4})[0]
-    assert chosen.config.merch.unknown_threshold == 0.25 and chosen.config.merch.score_threshold == 0.4  # given wins
+    options = chosen.config.options
+    assert options.unknown_threshold == 0.25 and options.score_threshold == 0.4  # given wins
 
 
 def test_a_step_saved_unevaluated_gets_the_domains_threshold_and_a_cut_line_is_passed_over(tmp_path):
@@ -125,12 +126,12 @@ def test_a_step_saved_unevaluated_gets_the_domains_threshold_and_a_cut_line_is_p
 
     config = shelf_config()
     _fill_chosen_options(config, tmp_path, 7)
-    assert config.merch.unknown_threshold == 0.5 and config.merch.score_threshold == 0.3
+    assert config.options.unknown_threshold == 0.5 and config.options.score_threshold == 0.3
     record = json.dumps({"step": 7, "eval_loss": 1.0, "unknown_threshold": 0.375, "score_threshold": 0.25})
     (tmp_path / "metrics.jsonl").write_text(record + '\n{"step": 8, "lo')  # the last line cut short by a kill
     config = shelf_config()
     _fill_chosen_options(config, tmp_path, 7)
-    assert config.merch.unknown_threshold == 0.375 and config.merch.score_threshold == 0.25
+    assert config.options.unknown_threshold == 0.375 and config.options.score_threshold == 0.25
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp4"])
@@ -149,7 +150,8 @@ def test_the_quantized_detector_finds_the_float_detectors_facings(fmt, trained, 
     (float_parts, reference), (quantized_parts, got) = results
     assert quantized_parts.config.model.quantization == fmt
     for chosen in ("unknown_threshold", "score_threshold"):
-        assert getattr(quantized_parts.config.merch, chosen) == getattr(float_parts.config.merch, chosen) is not None
+        quantized, unquantized = quantized_parts.config.options, float_parts.config.options
+        assert getattr(quantized, chosen) == getattr(unquantized, chosen) is not None
     top = slice(0, 20)  # each photo's 20 highest peaks: the facings it finds (0 past the last one found)
     errors = []
     for found, wanted in zip(got["scores"][:, top], reference["scores"][:, top], strict=True):
@@ -245,7 +247,7 @@ def test_gallery_then_predict_on_shelf_photos_writes_reports_overlays_and_compli
 
 def test_the_shelf_preset_is_the_detector_and_a_bad_task_is_named(tmp_path, capsys):
     config = make_config("merch-shelf-tiny")
-    assert (config.merch.task, config.checkpoint.best_metric, config.model.image_size) == ("shelf", "ap", 256)
+    assert (config.options.task, config.checkpoint.best_metric, config.model.image_size) == ("shelf", "ap", 256)
     assert config.checkpoint.best_mode == "max"  # the checkpoint kept is the highest AP's
     assert make_config("merch-tiny").merch.task == "recognition"
     assert train_main(["--preset", "merch-tiny", "--workdir", str(tmp_path), "--set", "merch.task=shelves",

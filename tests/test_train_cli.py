@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from trainutil import SMALL, final_params, mesh_of, small_config
 from triskele.train.cli import main
-from triskele.train.config import make_config
+from triskele.train.config.overrides import make_config
 from triskele.train.domains import get_domain
 from triskele.train.run import evaluate_split, prepare
 

@@ -14,8 +14,8 @@ import importlib
 
 __all__ = ["PRESETS", "Config", "TrainSummary", "config_from_dict", "make_config", "train"]
 
-_LAZY = {"PRESETS": "triskele.train.config", "Config": "triskele.train.config",
-         "config_from_dict": "triskele.train.config", "make_config": "triskele.train.config",
+_LAZY = {"PRESETS": "triskele.train.config.presets", "Config": "triskele.train.config.schema",
+         "config_from_dict": "triskele.train.config.migrations", "make_config": "triskele.train.config.overrides",
          "TrainSummary": "triskele.train.loop", "train": "triskele.train.loop"}
 
 

@@ -17,7 +17,7 @@ import jax
 from triskele.mesh.perf.hardware import gpu_of_device
 from triskele.mesh.perf.planner import BEST_SCHEDULE, candidates, explain, meshes, parallelism_kinds
 from triskele.mesh.spec import AUTO, MeshSpec
-from triskele.train.config import Config
+from triskele.train.config.schema import Config
 from triskele.train.tools.planning import abstract_mesh, apply_pick, pick_flags, plan_inputs
 from triskele.train.validate import validate
 

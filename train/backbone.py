@@ -8,7 +8,7 @@ from triskele.models.vit import ViTConfig
 from triskele.train.precision import compute_dtype
 
 if TYPE_CHECKING:
-    from triskele.train.config import Config
+    from triskele.train.config.schema import Config
 
 DEFAULT_NORM_EPS = 1e-6
 

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
-from triskele.train.config import CheckpointConfig
+from triskele.train.config.schema import CheckpointConfig
 from triskele.train.state import TrainState
 
 COMMIT_MARKER = "commit_success.txt"

@@ -8,7 +8,8 @@ import sys
 
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT
 from triskele.train.commands import Command, LazyCommands, add_coordinator_flags, bounded, folder, run_command_line
-from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
+from triskele.train.config.overrides import make_config
+from triskele.train.config.presets import DEFAULT_PRESET, PRESETS
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ from triskele.train.bookkeeping.profiling import ProfileWindow
 from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.bookkeeping.throughput import StepThroughput
 from triskele.train.checkpoint import Checkpoints
-from triskele.train.config import Config
+from triskele.train.config.schema import Config
 from triskele.train.data.bad_records import count_bad_records, tolerant
 from triskele.train.data.pipeline import train_batches
 from triskele.train.evaluation import scalar_metrics

@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 import optax
-from triskele.train.config import OptimConfig
+from triskele.train.config.schema import OptimConfig
 
 
 def learning_rate_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:

@@ -36,7 +36,7 @@ from triskele.models.weights import (
     stacked_block,
 )
 from triskele.train.backbone import DEFAULT_NORM_EPS
-from triskele.train.config import Config
+from triskele.train.config.schema import Config
 from triskele.train.safetensors import MAX_DIMS, NotSafetensors, SafetensorsFile
 from triskele.train.state import TrainState
 

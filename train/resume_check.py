@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from triskele.train.config import Config, config_from_dict
+from triskele.train.config.migrations import config_from_dict
+from triskele.train.config.schema import Config
 from triskele.train.domains import get_domain
 
 FIXED_KEYS = (

@@ -20,7 +20,8 @@ from triskele.mesh import make_mesh
 from triskele.mesh.spec import AUTO
 from triskele.train.bookkeeping.logs import evaluation_at
 from triskele.train.checkpoint import Checkpoints
-from triskele.train.config import CheckpointConfig, Config, config_from_dict
+from triskele.train.config.migrations import config_from_dict
+from triskele.train.config.schema import CheckpointConfig, Config
 from triskele.train.data.pipeline import Source
 from triskele.train.domains import Domain, get_domain, resolve_from_data
 from triskele.train.optim import make_optimizer

@@ -6,7 +6,7 @@ from jax.sharding import Mesh
 from triskele.mesh.schedule import check_schedule
 from triskele.mesh.spec import divisors
 from triskele.train.backbone import vit_config
-from triskele.train.config import Config
+from triskele.train.config.schema import Config
 from triskele.train.domains import get_domain
 
 

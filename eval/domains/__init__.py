@@ -18,7 +18,7 @@ class DomainInference(Protocol):
 
     def predict_io(self, meta: dict[str, Any], options: dict[str, Any], workdir: Path | None) -> Any:
         """The domain's `triskele.eval.engine.PredictIO` for a model (`meta`, with the model's
-        `identity` and the input `limits` its reader applies: `triskele.train.config.InputLimits`),
+        `identity` and the input `limits` its reader applies: `triskele.train.config.schema.InputLimits`),
         the domain's predict flags given (`options`, by flag dest) and the run's folder (None for an
         exported model alone)."""
         ...

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 
 PREDICT_FRAMES_PER_VIDEO = 32
 """Frames predict samples per video unless `--frames-per-video` says otherwise: DeepfakeBench's

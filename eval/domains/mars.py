@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from triskele.models.mars import CLASS_NAMES
 from triskele.models.sliding import resize_bilinear
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.domains.mars.pictures import blended, mask_png, png_bytes
 
 COMMANDS: dict = {}

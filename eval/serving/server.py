@@ -22,7 +22,8 @@ from triskele.eval.serving.app import ServeState, build_app, triton_config
 from triskele.eval.serving.batcher import Batcher, compiled_sizes
 from triskele.eval.serving.inputs import Decoder
 from triskele.eval.serving.metrics import ServeMetrics
-from triskele.train.config import InputLimits, input_limits
+from triskele.train.config.limits import input_limits
+from triskele.train.config.schema import InputLimits
 
 LOG = logging.getLogger("triskele.serve")
 

@@ -5,7 +5,7 @@ Every reader of every domain opens its files here, and sees each picture as a pe
 by its EXIF orientation (a phone's portrait stored sideways), and a 16-bit frame scaled from its
 bit depth rather than clipped to white. Only the formats listed (`IMAGE_FORMATS`) are opened, and
 an image whose header declares more pixels than `limits.image_pixels` is refused before a pixel
-is decoded (`triskele.train.config.InputLimits`). Anything else that goes wrong
+is decoded (`triskele.train.config.schema.InputLimits`). Anything else that goes wrong
 while decoding one file is a ValueError naming it, which predict lists in errors.csv and
 `data.bad_records=skip` skips.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import ExifTags, Image, ImageOps
 from triskele.models.preprocess import eight_bit, frame_pixels, frame_size, scaled_to_8_bit, to_model_input
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.png import png_depth
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".JPG", ".JPEG", ".PNG")

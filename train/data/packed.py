@@ -118,7 +118,7 @@ def packed_value(root: str | Path, key: str) -> Any:
 
 def shaping(config: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     """The values of the shaping `keys` in `config` (the domain's `pack_keys`)."""
-    from triskele.train.config import config_values
+    from triskele.train.config.schema import config_values
 
     values = config_values(config)
     return {key: values[key] for key in keys}

@@ -24,7 +24,8 @@ from typing import Any
 from tqdm import tqdm
 from triskele.train.bookkeeping.files import remove_partials, write_atomically
 from triskele.train.commands import Command, bounded, folder
-from triskele.train.config import DEFAULT_PRESET, PRESETS, make_config
+from triskele.train.config.overrides import make_config
+from triskele.train.config.presets import DEFAULT_PRESET, PRESETS
 from triskele.train.data.packed import (
     FORMAT,
     MANIFEST,

@@ -39,7 +39,8 @@ from triskele.mesh.spec import MESH_AXES
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.bookkeeping.plots import save_figure
 from triskele.train.commands import Command, bounded, folder, run_command_line
-from triskele.train.config import PRESETS, make_config
+from triskele.train.config.overrides import make_config
+from triskele.train.config.presets import PRESETS
 
 if TYPE_CHECKING:
     from triskele.train.tools.planning import AbstractModel

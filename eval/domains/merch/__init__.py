@@ -23,7 +23,7 @@ from triskele.eval.domains.merch.gallery import (
 from triskele.eval.domains.merch.legend import font, with_legend
 from triskele.eval.domains.merch.units import planogram_units
 from triskele.train.commands import Command
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.domains.merch.data import EMPTY
 
 STATUSES = {"ok": ((34, 160, 60), "ok"), "wrong_sku": ((220, 30, 30), "wrong SKU"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 
 REFERENCE_ROWS = 6
 """A reference image is embedded as a bay of this many rows of copies of it (`reference_canvas`),

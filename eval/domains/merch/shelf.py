@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.images import exif_note
 from triskele.train.domains.merch.alignment import GAP_FILL, STATUSES, near_skus, shelf_facings, shelf_report
 from triskele.train.domains.merch.data import EMPTY

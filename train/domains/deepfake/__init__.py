@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from triskele.train.commands import Flag, bounded, folder
 from triskele.train.data.splits import check_split
-from triskele.train.domains import Domain, Later, register
 from triskele.train.domains.deepfake.crops import OLD_RUNS
 from triskele.train.domains.deepfake.prepare import PREPARE
+from triskele.train.domains.spec import Domain, Later
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -65,7 +65,7 @@ def resolve(config) -> None:
     from triskele.train.domains.deepfake.landmarks import check_sbi_mask
     from triskele.train.domains.deepfake.layouts import check_layout_name
 
-    options = config.deepfake
+    options = config.options
     if options.fakes not in FAKES:
         raise ValueError(f"config key 'deepfake.fakes' is {options.fakes!r}; choose one of {', '.join(FAKES)}")
     check_layout_name(options.layout)
@@ -94,7 +94,7 @@ def open_split(config, split: str) -> Source:
     from triskele.train.domains.deepfake.data import FAMILIES, FaceFrames, SyntheticFaces
     from triskele.train.domains.deepfake.sbi import SelfBlendedFaces, pool_without
 
-    options, frames = config.deepfake, config.model.frames
+    options, frames = config.options, config.model.frames
     self_blended = options.fakes == "sbi" and check_split(split) == "train"
     # Validation is held out of training and looks like it (its methods less the held-out family);
     # eval_methods choose the test split's.
@@ -133,7 +133,7 @@ def build_model(config, rngs: nnx.Rngs, stages: int) -> FrameDetector | VideoDet
     return FrameDetector(vit, rngs=rngs)
 
 
-DEEPFAKE = register(Domain(
+SPEC = Domain(
     name="deepfake", summary="real/fake detection of face crops, per frame and per video",
     options=DeepfakeOptions,
     preset={"model.channels": 3, "deepfake.frames_per_video": 8, "data.train_size": 6144, "data.eval_size": 1024,
@@ -158,4 +158,4 @@ DEEPFAKE = register(Domain(
     resume_options=("eval_methods", "face_crops"), pack_keys=PACK_KEYS, pack_codecs={"region": "zlib"},
     legacy_defaults={"face_crops": OLD_RUNS}, clips=True,
     prepare=PREPARE,
-))
+)

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 from triskele.models.preprocess import model_input_pixels, square_crop_box, to_unit_range
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.images import IMAGE_SUFFIXES, image_size, open_image
 from triskele.train.data.packed import PackedRecords
 from triskele.train.data.pipeline import RecordCache

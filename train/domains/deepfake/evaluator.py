@@ -90,7 +90,7 @@ class DeepfakeEvaluator(BatchEvaluator):
         if not aucs:
             return ["roc.png"]
         config = self.parts.config
-        unseen = unseen_families(config.deepfake, family_names(aucs), synthetic=not config.data.path)
+        unseen = unseen_families(config.options, family_names(aucs), synthetic=not config.data.path)
         title = f"AUC per manipulation family (trained on {_trained_on(config)})"
         save_figure(families_figure(aucs, unseen, title), out_dir / "families.png")
         return ["roc.png", "families.png"]
@@ -98,7 +98,7 @@ class DeepfakeEvaluator(BatchEvaluator):
 
 def _trained_on(config: Any) -> str:
     """What the run's training read as fakes, in words."""
-    options = config.deepfake
+    options = config.options
     if options.fakes == "sbi":
         return "self-blended reals only"
     return f"its data's fakes, {options.holdout} held out" if options.holdout else "its data's fakes"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.domains.deepfake.align import aligned_crop
 from triskele.train.domains.deepfake.crops import BOX, check_face_crops
 from triskele.train.domains.deepfake.landmarks import INSTALL, face_landmarks

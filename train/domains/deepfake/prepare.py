@@ -40,7 +40,8 @@ from tqdm import tqdm
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.bookkeeping.stop import INTERRUPTED_EXIT, StopRequest
 from triskele.train.commands import Command, bounded, folder
-from triskele.train.config import InputLimits, add_limits_flag, input_limits
+from triskele.train.config.limits import add_limits_flag, input_limits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.walk import walk_files
 from triskele.train.domains.deepfake.crops import ALIGNED, BOX, FACE_CROPS, check_aligner, crops_of_entries
 from triskele.train.domains.deepfake.faces import CROP_SIZE, video_faces

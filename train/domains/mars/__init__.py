@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from triskele.train.commands import Flag, bounded
 from triskele.train.data.splits import check_split
-from triskele.train.domains import Domain, Later, register
+from triskele.train.domains.spec import Domain, Later
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -42,7 +42,7 @@ PACK_KEYS = ("model.channels", "mars.scale", "mars.label_agreement", "data.val_f
 def resolve(config) -> None:
     from triskele.train.data.packed import is_packed, packed_value
 
-    options = config.mars
+    options = config.options
     if options.scale is None and is_packed(config.data.path):
         options.scale = packed_value(config.data.path, "mars.scale")
     if options.scale is None:
@@ -71,14 +71,14 @@ def open_split(config, split: str) -> Source:
         return packed
     if config.data.path:
         files = TerrainFiles(config.data.path, split, config.model.image_size, config.model.channels,
-                             agreement=config.mars.label_agreement, scale=config.mars.scale, crops=crops,
+                             agreement=config.options.label_agreement, scale=config.options.scale, crops=crops,
                              val_fraction=config.data.val_fraction, limits=config.limits)
         if jax.process_index() == 0:
             print(files.report(), flush=True)
         return files
     size = config.data.train_size if split == "train" else config.data.eval_size
     return SyntheticTerrain(split, size, config.model.image_size, seed=config.run.seed,
-                            frame_size=config.mars.frame_size, crops=crops)
+                            frame_size=config.options.frame_size, crops=crops)
 
 
 def build_model(config, rngs: nnx.Rngs, stages: int) -> TerrainSegmenter:
@@ -94,7 +94,7 @@ def class_names(config) -> list[str]:
     return list(CLASS_NAMES)
 
 
-MARS = register(Domain(
+SPEC = Domain(
     name="mars", summary="rover terrain segmentation: soil, bedrock, sand, big rock",
     options=MarsOptions, preset={"model.channels": 1, "checkpoint.best_metric": "eval_loss"},
     build_model=build_model, open_split=open_split, class_names=class_names,
@@ -107,4 +107,4 @@ MARS = register(Domain(
         Flag("--tta", "average with the mirrored pass", choices=("flip",)),
         Flag("--overlay", "also write NAME.overlay.png", switch=True),
     ),
-))
+)

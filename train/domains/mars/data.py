@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 from triskele.models.mars import IGNORE_LABEL as IGNORE
 from triskele.models.preprocess import to_unit_range
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.images import IMAGE_SUFFIXES, image_size, read_frame, read_mask
 from triskele.train.data.packed import PackedRecords
 from triskele.train.data.pipeline import RecordCache

@@ -102,7 +102,7 @@ class MarsEvaluator:
         """How the figures were made; with the square comparison, the same checkpoint's figure the
         way it was measured before (the centre square of each frame squeezed to the model's input)."""
         how = {"inference": {"mode": "slide", "window": self.window, "stride": self.stride, "resolution": "native",
-                             "scale": self.parts.config.mars.scale}}
+                             "scale": self.parts.config.options.scale}}
         if "square_confusion" not in totals:
             return how
         square = confusion_metrics(totals["square_confusion"])

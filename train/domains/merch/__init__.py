@@ -6,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from triskele.train.commands import Flag, bounded
-from triskele.train.domains import Domain, Later, class_names, register
+from triskele.train.domains.spec import Domain, Later
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -49,7 +49,7 @@ class MerchOptions:
 
 
 def _check_task(config) -> str:
-    task = config.merch.task
+    task = config.options.task
     if task not in TASKS:
         raise ValueError(f"merch.task={task!r} is not one of {', '.join(TASKS)}")
     return task
@@ -93,7 +93,7 @@ def open_split(config, split: str) -> Source:
         if config.data.path:
             from triskele.train.domains.merch.shelf_files import ShelfPhotoFiles
 
-            m = config.merch
+            m = config.options
             photos = ShelfPhotoFiles(config.data.path, split, config.model.image_size, scale=m.shelf_scale,
                                      overlap=m.tile_overlap, max_boxes=m.max_boxes, num_skus=m.num_skus,
                                      skip=config.data.bad_records == "skip", limits=config.limits)
@@ -103,17 +103,17 @@ def open_split(config, split: str) -> Source:
                       f"{left_out[0]}", flush=True)
             return photos
         size = config.data.train_size if split == "train" else config.data.eval_size
-        return ShelfPhotos(split, size, config.model.image_size, seed=config.run.seed, skus=config.merch.num_skus,
-                           max_boxes=config.merch.max_boxes, min_facings=config.merch.min_facings)
+        return ShelfPhotos(split, size, config.model.image_size, seed=config.run.seed, skus=config.options.num_skus,
+                           max_boxes=config.options.max_boxes, min_facings=config.options.min_facings)
     if config.data.path:
-        files = ProductImages(config.data.path, split, config.model.image_size, classes=class_names(config),
+        files = ProductImages(config.data.path, split, config.model.image_size, classes=_classes(config),
                               val_fraction=config.data.val_fraction, limits=config.limits)
         if jax.process_index() == 0:
             print(files.report(), flush=True)
         return files
     size = config.data.train_size if split == "train" else config.data.eval_size
     return SyntheticRetail(split, size, config.model.image_size, seed=config.run.seed,
-                           train_skus=config.merch.num_skus)
+                           train_skus=config.options.num_skus)
 
 
 def read_class_names(config) -> list[str]:
@@ -128,7 +128,13 @@ def read_class_names(config) -> list[str]:
         if is_packed(config.data.path):
             return list(read_manifest(config.data.path)["class_names"])
         return training_classes(config.data.path)
-    return [f"sku{i}" for i in range(config.merch.num_skus)] + ["empty"]
+    return [f"sku{i}" for i in range(config.options.num_skus)] + ["empty"]
+
+
+def _classes(config) -> list[str]:
+    """The run's classes: saved in its config, else read as at training time."""
+    saved = config.model.class_names
+    return list(saved) if saved is not None else read_class_names(config)
 
 
 def build_model(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer | FacingDetector:
@@ -136,13 +142,13 @@ def build_model(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer | FacingDe
     from triskele.train.backbone import vit_config
 
     if _check_task(config) == "shelf":
-        m = config.merch
+        m = config.options
         return FacingDetector(vit_config(config, stages), max_boxes=m.max_boxes, max_detections=m.max_detections,
                               num_classes=m.num_skus, rngs=rngs)
-    return SkuRecognizer(vit_config(config, stages), len(class_names(config)), rngs=rngs)
+    return SkuRecognizer(vit_config(config, stages), len(_classes(config)), rngs=rngs)
 
 
-MERCH = register(Domain(
+SPEC = Domain(
     name="merch", summary="visual merchandising: SKU recognition, open-set retrieval, planogram compliance",
     options=MerchOptions,
     preset={"model.channels": 3, "data.train_size": 20000, "data.eval_size": 1200, "run.steps": 1200,
@@ -162,4 +168,4 @@ MERCH = register(Domain(
     resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"), pack_keys=PACK_KEYS,
     chosen_by_evaluation={"score_threshold": 0.3, "unknown_threshold": 0.5},
     variants={"shelf": shelf_preset},
-))
+)

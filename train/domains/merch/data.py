@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from triskele.models.preprocess import model_input_pixels, to_unit_range
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.images import (
     IMAGE_SUFFIXES,
     EncodedImage,

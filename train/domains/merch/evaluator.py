@@ -105,7 +105,7 @@ class ShelfEvaluator(BatchEvaluator):
     def _metrics(self, totals: dict[str, Any]) -> dict[str, float]:
         truth = [boxes[valid > 0] for boxes, valid in zip(totals["true_boxes"], totals["box_valid"], strict=True)]
         boxes, scores = list(totals["boxes"]), list(totals["scores"])
-        given = self.parts.config.merch.score_threshold  # unset (training's val): its own choice
+        given = self.parts.config.options.score_threshold  # unset (training's val): its own choice
         scored = {**detection_metrics.coco_scores(truth, boxes, scores),
                   **detection_metrics.threshold_scores(truth, boxes, scores, given)}
         threshold = scored["score_threshold"] if given is None else given
@@ -115,7 +115,7 @@ class ShelfEvaluator(BatchEvaluator):
         scored.update(recognition_metrics.recognition_scores(truth, true_skus, boxes, scores, totals["sku"],
                                                              totals["sku_cosine"], threshold))
         if "planograms" in totals:
-            unknown = self.parts.config.merch.unknown_threshold  # unset (training's val): its own choice
+            unknown = self.parts.config.options.unknown_threshold  # unset (training's val): its own choice
             unknown = scored["unknown_threshold"] if unknown is None else unknown
             width = self.parts.config.model.image_size  # each record is a photo (or tile) of the input's size
             scored.update(compliance_metrics.compliance_scores(totals, threshold, unknown, width))
@@ -131,7 +131,7 @@ class ShelfEvaluator(BatchEvaluator):
 
 def merch_evaluator(parts: Any, for_report: bool = False) -> Evaluator:
     """The recogniser's evaluator, or the detector's for a `merch.task=shelf` run."""
-    cls = ShelfEvaluator if parts.config.merch.task == "shelf" else MerchEvaluator
+    cls = ShelfEvaluator if parts.config.options.task == "shelf" else MerchEvaluator
     return cls(parts, for_report)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 from triskele.train.data.images import image_size
 from triskele.train.domains.merch.shelf_annotations import Annotations, read_coco, read_sku110k
 from triskele.train.domains.merch.shelf_photos import detector_record

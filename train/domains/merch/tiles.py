@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from triskele.train.config import InputLimits
+from triskele.train.config.schema import InputLimits
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
