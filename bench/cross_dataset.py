@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     parser.add_argument("--output", default="cross_dataset", help="folder for the table and the reports")
     args = parser.parse_args(argv)
-    from triskele.eval.evaluate import evaluate_checkpoint
+    from triskele.eval.report import evaluate_checkpoint
     from triskele.train.domains.deepfake.layouts import AUTO, find_layout
 
     workdir, out = Path(args.workdir), Path(args.output)

@@ -45,7 +45,7 @@ def training_row(preset: str, precision: str, plan: dict) -> dict:
     from triskele.train.config.overrides import make_config
     from triskele.train.data.pipeline import TrainStepLoader
     from triskele.train.run import prepare
-    from triskele.train.tools.planning import plan_inputs
+    from triskele.train.tools.plan_inputs import plan_inputs
     from triskele.train.tools.step_analysis import compile_train_step, model_shape
 
     config = make_config(preset, [f"precision={precision}", f"data.global_batch={plan['batch']}", "mesh=data=1",

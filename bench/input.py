@@ -109,7 +109,7 @@ def h100_records_per_s(preset: str, overrides: list[str]) -> float:
     """The planner's records/s for `preset` on one H100 in bfloat16 (its pick of mesh and remat)."""
     from triskele.mesh.perf.planner import candidates
     from triskele.train.config.overrides import make_config
-    from triskele.train.tools.planning import plan_inputs
+    from triskele.train.tools.plan_inputs import plan_inputs
 
     batch = min(make_config(preset, overrides).data.global_batch, 256)
     config = make_config(preset, [*overrides, f"data.global_batch={batch}", "precision=bfloat16"])

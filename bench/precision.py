@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from common import machine, print_table, write_json
-from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.eval.quantize import quantize_checkpoint
+from triskele.eval.report import evaluate_checkpoint
 from triskele.train import make_config, train
 
 

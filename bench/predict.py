@@ -12,7 +12,7 @@ is one tile; the deepfake frame model reads folders of frames), `--inputs-per-ba
 worth of them, written once.
 End to end counts records per second from the first input read to the last output written, the
 input pipeline, the device and the writer overlapping; forward only runs the same compiled
-`serve` on a batch already on the devices. Peak RSS is this process's, after each row.
+`infer` on a batch already on the devices. Peak RSS is this process's, after each row.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def write_inputs(folder: Path, meta: dict, count: int) -> None:
 
 
 def forward_only(model, records: np.ndarray, repeats: int = 5) -> float:
-    """Records per second of the compiled `serve` on a batch already on the devices."""
+    """Records per second of the compiled `infer` on a batch already on the devices."""
     import jax
 
     handle = model.dispatch(records)

@@ -6,9 +6,9 @@ needs only JAX (a serving process never imports the models).
 
 __all__ = ["evaluate_checkpoint", "export_model", "load_exported", "predict", "predict_iter"]
 
-_LAZY = {"evaluate_checkpoint": "triskele.eval.evaluate", "predict": "triskele.eval.evaluate",
-         "predict_iter": "triskele.eval.evaluate", "export_model": "triskele.eval.export",
-         "load_exported": "triskele.eval.exported"}
+_LAZY = {"evaluate_checkpoint": "triskele.eval.report", "predict": "triskele.eval.prediction",
+         "predict_iter": "triskele.eval.prediction", "export_model": "triskele.eval.export",
+         "load_exported": "triskele.eval.load_export"}
 
 
 def __getattr__(name: str):

@@ -48,7 +48,7 @@ def _evaluate(parser):
     add_domain_flags(parser, flags)
 
     def run(a):
-        from triskele.eval.evaluate import evaluate_checkpoint
+        from triskele.eval.report import evaluate_checkpoint
 
         options = {flag.dest: getattr(a, flag.dest) for domain_flags in flags.values() for flag in domain_flags}
         return evaluate_checkpoint(a.workdir, a.mesh, a.data, a.split, a.step, a.output, **options)
@@ -81,7 +81,7 @@ def _predict(parser):
     _distributed(parser)
 
     def run(a):
-        from triskele.eval.evaluate import predict
+        from triskele.eval.prediction import predict
 
         _start_distributed(a)
         options = {flag.dest: getattr(a, flag.dest) for domain_flags in flags.values() for flag in domain_flags}
@@ -183,7 +183,7 @@ def _export_weights(parser):
     parser.add_argument("--output", required=True, type=file_in_folder, help="the .safetensors file to write")
 
     def run(a):
-        from triskele.eval.export_weights import export_weights
+        from triskele.eval.timm_weights import export_weights
 
         return export_weights(a.workdir, a.format, a.output, a.step, a.mesh)
 

@@ -1,6 +1,6 @@
 """`python -m triskele.eval export`: a checkpoint's inference function as a `jax.export` artifact.
 
-The exported program is the model's `export_outputs` where it has one, else its `serve` (mars:
+The exported program is the model's `export_outputs` where it has one, else its `infer` (mars:
 per-pixel class logits and probabilities; deepfake: the
 fake probability; merch: class probabilities and the retrieval embedding) with the weights baked
 in as constants; the batch dimension is fixed or symbolic (`--batch dynamic`). Load it with
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from triskele.eval.exported import (
+from triskele.eval.load_export import (
     EXPORT_FORMAT,
     EXPORT_VERSION,
     export_identity,
@@ -78,7 +78,7 @@ def export_model(workdir: str | Path, output: str | Path, batch: str | int = "dy
     spec = jax.ShapeDtypeStruct((*leading, *per_record), jnp.float32)
     targets = tuple(platforms.split(",")) if platforms else None
     # A model may export more than predict reads (mars: its probabilities beside the logits).
-    exported = jax.export.export(jax.jit(getattr(model, "export_outputs", model.serve)), platforms=targets)(spec)
+    exported = jax.export.export(jax.jit(getattr(model, "export_outputs", model.infer)), platforms=targets)(spec)
     payload = exported.serialize()
     output = Path(output)
     write_atomically(output, payload)

@@ -1,7 +1,7 @@
 """Models for inference behind one interface: `dispatch(records)` / `fetch(handle)` for the
 streaming engine, `model(images)` for notebooks, and `meta` (what the inputs are and the outputs
 mean). A restored checkpoint (float or weight-quantized) is a `LiveModel`; an exported one is
-`triskele.eval.exported.ExportedModel`."""
+`triskele.eval.load_export.ExportedModel`."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from jax.sharding import Mesh
 from triskele.eval.defaults import INFERENCE_BATCH_PER_DEVICE
 from triskele.mesh import make_mesh
 from triskele.models.preprocess import describe_input
+from triskele.train.forward import ForwardRunner
 from triskele.train.run import RunParts, restore_params
-from triskele.train.serve import ServeRunner
 
 
 def default_batch(mesh: Mesh) -> int:
@@ -72,8 +72,8 @@ def params_digest(params: Any) -> str:
     return digest.hexdigest()
 
 
-class LiveModel(ServeRunner):
-    """A restored model's `serve` on its mesh, in batches of `batch` (default: INFERENCE_BATCH_PER_DEVICE
+class LiveModel(ForwardRunner):
+    """A restored model's `infer` on its mesh, in batches of `batch` (default: INFERENCE_BATCH_PER_DEVICE
     per device on data x fsdp); `step`: the checkpoint's, recorded in its `identity`."""
 
     def __init__(self, parts: RunParts, params: dict, batch: int | None = None, step: int | None = None):
@@ -94,7 +94,7 @@ def load_model(workdir: str | Path | None, exported: str | Path | None = None, m
     """A checkpoint's parameters only (no optimizer state) on `mesh` over this process's devices, or
     an exported model."""
     if exported is not None:
-        from triskele.eval.exported import load_exported
+        from triskele.eval.load_export import load_exported
 
         return load_exported(exported, batch)
     if workdir is None:

@@ -22,7 +22,7 @@ from triskele.mesh import make_mesh, tree_shardings
 from triskele.models.layers import Dense
 from triskele.models.quantize import check_format, quantize
 from triskele.train.bookkeeping.files import write_atomically
-from triskele.train.checkpoint import Checkpoints
+from triskele.train.checkpoints.manager import Checkpoints
 from triskele.train.config.migrations import config_from_dict
 from triskele.train.config.schema import CheckpointConfig
 from triskele.train.run import prepare, restore_run

@@ -1,4 +1,4 @@
-"""What a domain model provides to the rest of triskele: the training step, serving and the cost
+"""What a domain model provides to the rest of triskele: the training step, inference and the cost
 formulas. Every domain's model (`models/<domain>.py`) satisfies `DomainModel`; one evaluated over
 fixed-size records also `RecordStats`."""
 
@@ -22,7 +22,7 @@ class DomainModel(Protocol):
         divides the global sums, so the loss is the same on any mesh and any grad_accum."""
         ...
 
-    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+    def infer(self, images: jax.Array) -> dict[str, jax.Array]:
         """What inference returns for [0, 1] pixels, by output name (what predict and export use)."""
         ...
 
@@ -33,7 +33,7 @@ class DomainModel(Protocol):
 
 @runtime_checkable
 class RecordStats(Protocol):
-    """A model that `triskele.train.evaluation.BatchEvaluator` evaluates over fixed-size records
+    """A model that `triskele.train.evaluator.BatchEvaluator` evaluates over fixed-size records
     (deepfake, merch; mars evaluates whole frames by sliding windows instead)."""
 
     def eval_stats(self, batch: Batch) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:

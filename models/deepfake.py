@@ -48,7 +48,7 @@ class _BinaryDetector(nnx.Module):
         score = jax.nn.sigmoid(self.logits(batch["image"])[0])
         return {}, {"score": score, "label": batch["label"], "video": batch["video"], "family": batch["family"]}
 
-    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+    def infer(self, images: jax.Array) -> dict[str, jax.Array]:
         """What inference returns: the fake probability per record (B,)."""
         return {"fake_probability": jax.nn.sigmoid(self.logits(images)[0])}
 

@@ -86,7 +86,7 @@ class TerrainSegmenter(nnx.Module):
         nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), safe[..., None], axis=-1)[..., 0]
         return jnp.sum(nll * weight), jnp.sum(weight)
 
-    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+    def infer(self, images: jax.Array) -> dict[str, jax.Array]:
         """What predict and evaluation read: per-pixel class logits (B, H, W, 4); sliding-window
         inference averages the logits of overlapping windows and the writers take their argmax (or,
         for --tta, their softmax) on the host, so nothing else crosses to the host."""

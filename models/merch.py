@@ -65,7 +65,7 @@ class SkuRecognizer(nnx.Module):
     def __call__(self, images: jax.Array) -> jax.Array:
         return self.features(images)[0]
 
-    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+    def infer(self, images: jax.Array) -> dict[str, jax.Array]:
         """What inference returns: class probabilities (B, classes) and unit embeddings (B, embed_dim)."""
         logits, embedding = self.features(images)
         return {"probabilities": jax.nn.softmax(logits, axis=-1), "embedding": embedding}
@@ -191,7 +191,7 @@ class FacingDetector(nnx.Module):
     def eval_stats(self, batch: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
         """Per image: its decoded detections (boxes, scores; with recognition each one's nearest
         training SKU and its cosine) beside its true boxes (padded) and their SKUs."""
-        served = self.serve(batch["image"])
+        served = self.infer(batch["image"])
         truth = {"true_boxes": batch["boxes"], "box_valid": batch["box_valid"]}
         if self.recognises:
             cosine = served.pop("embedding") @ l2_normalize(self.centers[...].astype(jnp.float32), axis=0)
@@ -201,7 +201,7 @@ class FacingDetector(nnx.Module):
             truth["true_skus"] = batch["box_sku"]
         return {}, {**served, **truth}
 
-    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+    def infer(self, images: jax.Array) -> dict[str, jax.Array]:
         """The `max_detections` highest peaks of each image: boxes (B, k, 4) in pixels, scores (B, k)
         and, with recognition, each peak's unit embedding (B, k, embed_dim)."""
         outputs = self(images)

@@ -283,7 +283,7 @@ class ViTClassifier(nnx.Module):
         logits = self.head(self.backbone.pool(self.backbone(images)))
         return logits.astype(jnp.float32)
 
-    def serve(self, images: jax.Array) -> dict[str, jax.Array]:
+    def infer(self, images: jax.Array) -> dict[str, jax.Array]:
         return {"probabilities": jax.nn.softmax(self(images), axis=-1)}
 
     def loss_terms(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:

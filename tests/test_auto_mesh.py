@@ -3,13 +3,13 @@
 import json
 
 from trainutil import small_config
-from triskele.eval.evaluate import evaluate_checkpoint
+from triskele.eval.report import evaluate_checkpoint
 from triskele.mesh.perf.hardware import GPUS
 from triskele.mesh.perf.planner import BEST_SCHEDULE, candidates
 from triskele.train import train
 from triskele.train.auto_mesh import resolve_auto_mesh
 from triskele.train.config.overrides import make_config
-from triskele.train.tools.planning import plan_inputs
+from triskele.train.tools.plan_inputs import plan_inputs
 
 
 def test_auto_mesh_trains_resumes_and_evaluates(tmp_path, devices, capsys):

@@ -167,7 +167,7 @@ def detector_outputs(mesh) -> dict[str, np.ndarray]:
     def run(p):
         model = nnx.merge(graphdef, p)
         loss, weight = model.loss_terms(batch)
-        return model(images), model.serve(images), loss / weight
+        return model(images), model.infer(images), loss / weight
 
     with jax.set_mesh(mesh):
         return jax.device_get(jax.jit(run)(params))

@@ -1,34 +1,24 @@
-"""bench/claims.py: the founding claims' table, regenerated and compared with docs/performance.md's."""
+"""triskele.train.tools.claims: the founding claims' table, regenerated and compared with docs/performance.md's."""
 
-import sys
 from pathlib import Path
 
 import pytest
+from triskele.train.tools import claims
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def claims():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import claims
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return claims
-
-
-@pytest.fixture(scope="module")
-def rows(claims):
+def rows():
     return claims.claims_rows()
 
 
-def test_the_performance_pages_claims_table_is_the_bench_s(claims, rows):
-    assert claims.page_claims(claims.PERFORMANCE.read_text()) == claims.claims_table(rows), \
-        "regenerate: python bench/claims.py --write-page"
+def test_the_performance_pages_claims_table_is_the_generated_one(rows):
+    assert claims.page_claims((ROOT / claims.PERFORMANCE).read_text()) == claims.claims_table(rows), \
+        "regenerate: python -m triskele.train.tools.claims --write-page"
 
 
-def test_every_claim_of_issue_33_has_a_row_with_a_figure(rows):
+def test_every_founding_claim_has_a_row_with_a_figure(rows):
     claimed = ["up to 6x", "another 2-3x", "43% more bandwidth", "NVLink domains of 8, 72 and 576",
                "15-30%", "beyond 64 GPUs"]
     assert len(rows) == len(claimed)

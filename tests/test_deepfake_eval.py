@@ -9,7 +9,7 @@ from flax import nnx
 from test_deepfake_data import write_ffpp
 from trainutil import mesh_of, small_config, train_small
 from triskele.eval.cli import main as eval_main
-from triskele.eval.evaluate import evaluate_checkpoint
+from triskele.eval.report import evaluate_checkpoint
 from triskele.mesh import tree_shardings
 from triskele.models import ViTConfig
 from triskele.models.deepfake import VideoDetector

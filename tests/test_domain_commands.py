@@ -12,7 +12,7 @@ from triskele.eval.cli import main as eval_main
 from triskele.eval.domains import DomainInference, inference_of
 from triskele.train.cli import main as train_main
 from triskele.train.domains import domains
-from triskele.train.evaluation import Evaluator
+from triskele.train.evaluator import Evaluator
 from triskele.train.run import prepare
 
 LEGACY_RUN = Path(__file__).parent / "fixtures" / "legacy" / "mars-run"

@@ -22,7 +22,7 @@ from triskele.train.cli import main as train_main
 from triskele.train.config.migrations import config_from_dict
 from triskele.train.data.images import read_image
 from triskele.train.domains import Domain, domains, get_domain, register, unregister
-from triskele.train.evaluation import BatchEvaluator
+from triskele.train.evaluator import BatchEvaluator
 
 # --- a toy fourth domain: dark or bright? -----------------------------------------------------
 
@@ -226,7 +226,7 @@ def test_merch_runs_without_their_training_data(tmp_path, capsys):
 
 def test_predict_on_an_evaluation_split_gives_what_evaluate_computed(tmp_path):
     from trainutil import mesh_of
-    from triskele.eval.evaluate import predict
+    from triskele.eval.prediction import predict
     from triskele.train.domains.deepfake.data import SyntheticFaces
     from triskele.train.run import evaluate_split, restore_run
 

@@ -13,7 +13,7 @@ from trainutil import mesh_of
 from triskele.eval import load_exported
 from triskele.eval.cli import main as eval_main
 from triskele.eval.export import export_model
-from triskele.eval.exported import EXPORT_VERSION, sidecar_digest
+from triskele.eval.load_export import EXPORT_VERSION, sidecar_digest
 from triskele.eval.model import LiveModel
 from triskele.train.run import restore_run
 

@@ -21,13 +21,13 @@ pytest.importorskip("cv2", reason="video decoding needs OpenCV (pip install 'ope
 pytest.importorskip("skimage", reason="the test videos need scikit-image's sample photograph")
 
 from triskele.eval import predict  # noqa: E402
+from triskele.train.checkpoints.resume_check import changed_keys  # noqa: E402
 from triskele.train.config.migrations import config_from_dict  # noqa: E402
 from triskele.train.domains import get_domain  # noqa: E402
 from triskele.train.domains.deepfake import landmarks as lm  # noqa: E402
 from triskele.train.domains.deepfake.data import FaceFrames  # noqa: E402
 from triskele.train.domains.deepfake.faces import crop_face  # noqa: E402
 from triskele.train.domains.deepfake.video import sample_frames  # noqa: E402
-from triskele.train.resume_check import changed_keys  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("face_crops")  # one run shared by the module
 FRAMES = 3

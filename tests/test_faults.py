@@ -19,7 +19,7 @@ from subprocess_runs import CHAIN, STEPS, child_env, command, logged_steps, wait
 from test_train_engine import poison_step
 from trainutil import SMALL, final_params, mesh_of, run, small_config, step_records
 from triskele.eval.cli import main as eval_main
-from triskele.eval.evaluate import evaluate_checkpoint
+from triskele.eval.report import evaluate_checkpoint
 from triskele.train import train
 from triskele.train.cli import main as train_main
 
@@ -237,7 +237,7 @@ def test_skip_mode_leaves_the_state_bit_identical_on_a_non_finite_step(tmp_path,
     poison_step(monkeypatch, 4)
     options = {"run.steps": 6, "run.on_nonfinite": "skip", "checkpoint.every": 1, "checkpoint.keep": 10}
     run(tmp_path, "data=8", **options)
-    from triskele.train.checkpoint import Checkpoints
+    from triskele.train.checkpoints.manager import Checkpoints
     from triskele.train.config.schema import CheckpointConfig
     from triskele.train.run import prepare
 

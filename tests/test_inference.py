@@ -384,7 +384,7 @@ def test_outputs_stay_sharded_on_their_devices_and_mars_returns_only_its_logits(
     with jax.set_mesh(model.mesh):
         batch = host_to_global({"image": images}, model.mesh, model.batch)["image"]
         compiled = model._serve.lower(model.params, batch).compile().as_text()
-        replicated = jax.jit(lambda params, x: nnx.merge(model.parts.graphdef, params).serve(x),
+        replicated = jax.jit(lambda params, x: nnx.merge(model.parts.graphdef, params).infer(x),
                              out_shardings=NamedSharding(model.mesh, PartitionSpec()))
         control = replicated.lower(model.params, batch).compile().as_text()
     assert program_cost(compiled, 8).collective_counts.get("all-gather", 0) == 0

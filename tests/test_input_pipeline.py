@@ -142,7 +142,7 @@ def test_batch_evaluation_reads_ahead_in_grain_threads_and_scores_every_record_o
     import jax
     import jax.numpy as jnp
     from trainutil import mesh_of
-    from triskele.train.evaluation import BatchEvaluator
+    from triskele.train.evaluator import BatchEvaluator
 
     class Recording(Counting):
         """Record 7 was found unreadable; notes whether each load ran in the main thread."""

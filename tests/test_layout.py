@@ -40,8 +40,9 @@ RUNTIME = (
     "mesh/__init__.py", "mesh/spec.py", "mesh/logical.py", "mesh/pipeline.py", "mesh/schedule.py", "mesh/batch.py",
     "mesh/chunks.py", "mesh/distributed.py",
     "models/",
-    "train/config/", "train/state.py", "train/step.py", "train/optim.py", "train/checkpoint.py", "train/run.py",
-    "train/validate.py", "train/serve.py", "train/backbone.py",
+    "train/config/", "train/state.py", "train/step.py", "train/optim.py", "train/checkpoints/manager.py",
+    "train/run.py",
+    "train/forward.py", "train/backbone.py",
 )
 """The runtime modules: none of them imports the performance model, directly or through others
 (a folder, `models/`, stands for every module in it)."""

@@ -10,8 +10,8 @@ from trainutil import run
 from triskele.eval.cli import main as eval_main
 from triskele.eval.domains.mars import predict_io
 from triskele.eval.engine import iter_predictions
-from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.eval.model import load_model
+from triskele.eval.report import evaluate_checkpoint
 from triskele.models.mars import CLASS_NAMES
 from triskele.train.cli import main as train_main
 from triskele.train.domains.mars.evaluator import MarsEvaluator

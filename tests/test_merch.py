@@ -8,8 +8,8 @@ from PIL import Image
 from trainutil import mesh_of, train_small
 from triskele.eval.cli import main as eval_main
 from triskele.eval.domains.merch import compliance_report
-from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.eval.model import LiveModel
+from triskele.eval.report import evaluate_checkpoint
 from triskele.train.domains.merch.data import (
     EMPTY,
     GALLERY,
@@ -276,7 +276,7 @@ def test_a_quantized_or_exported_copy_carries_the_gallery(trained, tmp_path, cap
     import shutil
 
     from triskele.eval.domains.merch.gallery import gallery_path
-    from triskele.eval.exported import load_exported, run_files_path
+    from triskele.eval.load_export import load_exported, run_files_path
 
     run = shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("gallery"))
     _references(tmp_path / "refs")
@@ -318,7 +318,7 @@ def test_a_gallery_index_is_tied_to_its_model_rebuilt_when_stale_else_refused(tr
     import shutil
 
     from triskele.eval.domains.merch.gallery import gallery_path, refresh_gallery
-    from triskele.eval.exported import load_exported
+    from triskele.eval.load_export import load_exported
     from triskele.train.run import restore_params
 
     run = shutil.copytree(trained, tmp_path / "run")

@@ -1,20 +1,18 @@
-"""bench/mutants.py, the mutation harness (issue 38): on a toy package of its own (one mutant killed, one
+"""tools/mutation/harness.py, the mutation harness: on a toy package of its own (one mutant killed, one
 surviving, two errors) and on the maintained list, which must still apply to the source as it is."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT / "bench"))
+from tools.mutation import harness as mutants
+from tools.mutation.mutant_list import MUTANTS, Mutant
 
-import mutants  # noqa: E402
-from mutant_list import MUTANTS, Mutant  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ARITH = '''def add(a, b):
     return a + b

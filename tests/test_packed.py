@@ -101,7 +101,7 @@ def test_a_run_on_the_pack_gives_the_trees_losses_on_1_and_8_devices_resumes_exa
           progress=False)
     assert step_records(resumed)[3]["loss"] == pytest.approx(step_records(runs["packed", "single"])[3]["loss"],
                                                              rel=1e-6)
-    from triskele.eval.evaluate import evaluate_checkpoint
+    from triskele.eval.report import evaluate_checkpoint
 
     on_tree = evaluate_checkpoint(runs["tree", "single"], mesh="data=8", data=str(tree), output=tmp_path / "e1")
     on_pack = evaluate_checkpoint(runs["tree", "single"], mesh="data=8", data=str(packed), output=tmp_path / "e2")

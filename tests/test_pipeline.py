@@ -21,7 +21,7 @@ from triskele.train.cli import main as train_main
 from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.run import prepare
 from triskele.train.step import batch_shardings_of, make_train_step
-from triskele.train.tools.planning import plan_inputs
+from triskele.train.tools.plan_inputs import plan_inputs
 from triskele.train.tools.step_analysis import compile_train_step
 
 BASE = ViTConfig.named("tiny", patch=8, image_size=32)

@@ -27,7 +27,7 @@ from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.precision import activation_bytes
 from triskele.train.run import prepare
 from triskele.train.step import batch_shardings_of, make_train_step
-from triskele.train.tools.planning import plan_inputs
+from triskele.train.tools.plan_inputs import plan_inputs
 from triskele.train.tools.step_analysis import compile_train_step, measure
 
 

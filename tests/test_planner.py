@@ -7,11 +7,11 @@ from conftest import relative_error
 from triskele.mesh.perf.planner import candidates, evaluate
 from triskele.mesh.spec import MeshSpec
 from triskele.train.config.overrides import make_config
+from triskele.train.config.validate import validate
 from triskele.train.run import prepare
 from triskele.train.tools.plan import main as plan_main
-from triskele.train.tools.planning import abstract_mesh, plan_inputs
+from triskele.train.tools.plan_inputs import abstract_mesh, plan_inputs
 from triskele.train.tools.step_analysis import compile_train_step, example_batch, measure, state_bytes
-from triskele.train.validate import validate
 
 # ViT-L's width and 16 heads (so tensor=8 is valid), 4 blocks at 64 px: compiles in seconds on CPU.
 # float32, as the CPU compiles it, so activation bytes agree.

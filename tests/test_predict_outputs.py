@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 from trainutil import mesh_of
 from triskele.eval.engine import input_units
-from triskele.eval.exported import load_exported
+from triskele.eval.load_export import load_exported
 from triskele.eval.model import LiveModel
 from triskele.train.run import restore_params
 

@@ -20,9 +20,9 @@ from triskele.models import weights as weights_module
 from triskele.train import make_config, train
 from triskele.train.backbone import vit_config
 from triskele.train.cli import main as train_main
-from triskele.train.pretrained import WeightFile, load_pretrained, resolve_norm_eps
-from triskele.train.safetensors import SafetensorsFile, write_safetensors
 from triskele.train.state import TrainState
+from triskele.train.weights.pretrained import WeightFile, load_pretrained, resolve_norm_eps
+from triskele.train.weights.safetensors import SafetensorsFile, write_safetensors
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pretrained"
 REFERENCE = np.load(FIXTURES / "reference.npz")

@@ -12,9 +12,9 @@ from flax.traverse_util import flatten_dict
 from test_pretrained import FIXTURES, SMALL, TOLERANCE, imported, max_relative_difference, random_hf_vit
 from triskele.models import ViT, ViTConfig
 from triskele.train.cli import main as train_main
-from triskele.train.pretrained import load_pretrained
-from triskele.train.safetensors import SafetensorsFile, write_safetensors
 from triskele.train.state import TrainState
+from triskele.train.weights.pretrained import load_pretrained
+from triskele.train.weights.safetensors import SafetensorsFile, write_safetensors
 
 
 def hf_state_dict(classifier: bool):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 from triskele.eval.cli import main as eval_main
-from triskele.eval.evaluate import evaluate_checkpoint
 from triskele.eval.quantize import quantize_checkpoint
+from triskele.eval.report import evaluate_checkpoint
 from triskele.models.quantize import E2M1_VALUES, dequantize, quantize, unpack_fp4
 from triskele.train import make_config, train
 from triskele.train.config.migrations import config_from_dict

@@ -8,10 +8,10 @@ from pathlib import Path
 import jax
 import pytest
 from trainutil import SMALL, mesh_of, step_records
+from triskele.train.checkpoints.resume_check import changed_keys
 from triskele.train.cli import main
 from triskele.train.config.overrides import make_config
 from triskele.train.domains import resolve_from_data
-from triskele.train.resume_check import changed_keys
 from triskele.train.run import prepare
 
 RUN = {**SMALL, "model.depth": 2, "checkpoint.every": 2, "checkpoint.keep": 2}

@@ -215,7 +215,7 @@ shortcut, not blending evidence, was most of what this short run had learned."""
 
 @pytest.mark.xdist_group("sbi_run")
 def test_short_sbi_run_detects_held_out_families(tmp_path, devices):
-    from triskele.eval.evaluate import evaluate_checkpoint
+    from triskele.eval.report import evaluate_checkpoint
     from triskele.mesh import make_mesh
     from triskele.train import train
 

@@ -25,9 +25,9 @@ from triskele.train.config.overrides import make_config
 from triskele.train.data.bad_records import SkipBadRecords
 from triskele.train.domains.deepfake.evaluator import plot_roc
 from triskele.train.domains.mars.pictures import plot_confusion
-from triskele.train.safetensors import SafetensorsFile, write_safetensors
 from triskele.train.tools.plan import main as plan_main
 from triskele.train.tools.plan import plot_scaling
+from triskele.train.weights.safetensors import SafetensorsFile, write_safetensors
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY_RUN = ROOT / "tests" / "fixtures" / "legacy" / "mars-run"

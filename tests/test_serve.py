@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as triton
 from PIL import Image
 from serveutil import noise, serving
-from triskele.eval.evaluate import predict, predict_iter
+from triskele.eval.prediction import predict, predict_iter
 
 pytestmark = pytest.mark.xdist_group("serve")
 

@@ -13,7 +13,7 @@ from serveutil import serving
 from test_shelf_detector import shelf_config, write_photo
 from trainutil import mesh_of
 from triskele.eval.cli import main as eval_main
-from triskele.eval.evaluate import predict
+from triskele.eval.prediction import predict
 from triskele.train import train
 from triskele.train.domains.merch.shelf_photos import package_render
 

@@ -84,7 +84,7 @@ def test_the_thresholds_chosen_on_val_are_saved_with_the_checkpoint_and_read_wit
     val evaluation that saved it chose (the best detection F1; best_threshold over the facings
     matched above that score), read back by evaluation, predict and export."""
     from triskele.eval.model import load_model
-    from triskele.train.checkpoint import Checkpoints
+    from triskele.train.checkpoints.manager import Checkpoints
     from triskele.train.config.schema import CheckpointConfig
     from triskele.train.domains.merch.detection_metrics import threshold_scores
     from triskele.train.domains.merch.recognition_metrics import best_threshold, match

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from triskele.train.pretrained import NPZ_MAX_EXPANSION, NpzFile, WeightFile
-from triskele.train.safetensors import MAX_HEADER, SafetensorsFile, write_safetensors
+from triskele.train.weights.pretrained import NPZ_MAX_EXPANSION, NpzFile, WeightFile
+from triskele.train.weights.safetensors import MAX_HEADER, SafetensorsFile, write_safetensors
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pretrained"
 ENTRY = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}

@@ -18,8 +18,8 @@ from triskele.mesh.perf.hardware import gpu_of_device
 from triskele.mesh.perf.planner import BEST_SCHEDULE, candidates, explain, meshes, parallelism_kinds
 from triskele.mesh.spec import AUTO, MeshSpec
 from triskele.train.config.schema import Config
-from triskele.train.tools.planning import abstract_mesh, apply_pick, pick_flags, plan_inputs
-from triskele.train.validate import validate
+from triskele.train.config.validate import validate
+from triskele.train.tools.plan_inputs import abstract_mesh, apply_pick, pick_flags, plan_inputs
 
 __all__ = ["AUTO", "resolve_auto_mesh"]
 

@@ -61,7 +61,7 @@ def config_from_args(args: argparse.Namespace):
 def print_config(args: argparse.Namespace) -> int:
     """What a run of these flags resolves before it builds a mesh (the mesh spec stays as given), as YAML."""
     from triskele.train.domains import resolve_from_data
-    from triskele.train.pretrained import resolve_norm_eps
+    from triskele.train.weights.pretrained import resolve_norm_eps
 
     config = config_from_args(args)
     resolve_norm_eps(config)
@@ -152,6 +152,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _errors() -> dict[type[BaseException], int]:
-    from triskele.train.checkpoint import CheckpointSaveError
+    from triskele.train.checkpoints.manager import CheckpointSaveError
 
     return {ConnectionError: 3, ValueError: 2, FloatingPointError: 1, CheckpointSaveError: 1}

@@ -24,16 +24,16 @@ from triskele.train.bookkeeping.plots import write_plots
 from triskele.train.bookkeeping.profiling import ProfileWindow
 from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.bookkeeping.throughput import StepThroughput
-from triskele.train.checkpoint import Checkpoints
+from triskele.train.checkpoints.manager import Checkpoints
+from triskele.train.checkpoints.resume_check import check_resume
 from triskele.train.config.schema import Config
 from triskele.train.data.bad_records import count_bad_records, tolerant
 from triskele.train.data.pipeline import train_batches
-from triskele.train.evaluation import scalar_metrics
+from triskele.train.evaluator import scalar_metrics
 from triskele.train.precision import fp8_note
-from triskele.train.pretrained import load_pretrained, resolve_norm_eps
-from triskele.train.resume_check import check_resume
 from triskele.train.run import RunParts, prepare
 from triskele.train.state import TrainState
+from triskele.train.weights.pretrained import load_pretrained, resolve_norm_eps
 
 
 @dataclasses.dataclass

@@ -19,15 +19,15 @@ from jax.sharding import Mesh
 from triskele.mesh import make_mesh
 from triskele.mesh.spec import AUTO
 from triskele.train.bookkeeping.logs import evaluation_at
-from triskele.train.checkpoint import Checkpoints
+from triskele.train.checkpoints.manager import Checkpoints
 from triskele.train.config.migrations import config_from_dict
 from triskele.train.config.schema import CheckpointConfig, Config
+from triskele.train.config.validate import validate
 from triskele.train.data.pipeline import Source
 from triskele.train.domains import Domain, get_domain, resolve_from_data
 from triskele.train.optim import make_optimizer
 from triskele.train.state import TrainState, abstract_model, abstract_state, init_state, state_shardings
 from triskele.train.step import make_eval_step
-from triskele.train.validate import validate
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ def compiled_models(workdir: str | Path | None, exported: str | Path | None, mes
     from triskele.eval.model import LiveModel, load_model
 
     if exported is not None:
-        from triskele.eval.exported import ExportedModel
+        from triskele.eval.load_export import ExportedModel
 
         first = ExportedModel(exported, None)
         if first.meta["input_shape"][0] is not None:
@@ -121,8 +121,8 @@ def serving_state(workdir: str | Path | None, exported: str | Path | None, mesh:
                   options: ServeOptions, limits: InputLimits | None) -> tuple[ServeState, dict[int, Any]]:
     """The models (compiled, not warmed yet) and the routes' shared state; `limits` default to
     serve's own (`SERVE_LIMITS`)."""
-    from triskele.eval.evaluate import _predict_io
-    from triskele.eval.exported import record_shape
+    from triskele.eval.load_export import record_shape
+    from triskele.eval.prediction import _predict_io
 
     if limits is None:
         limits = input_limits((), SERVE_LIMITS)

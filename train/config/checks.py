@@ -8,7 +8,7 @@ from typing import Any
 from triskele.train.config.limits import check_limits, check_positive
 from triskele.train.config.schema import PRECISIONS, Config
 from triskele.train.domains import domains, get_domain
-from triskele.train.metrics import ALWAYS as METRICS_OF_EVERY_DOMAIN
+from triskele.train.domains.spec import METRICS_OF_EVERY_DOMAIN
 
 
 def check_choice(key: str, value: Any, choices: Iterable[str]) -> None:

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
     from triskele.models.contract import DomainModel
     from triskele.train.config.schema import Config
     from triskele.train.data.pipeline import Source
-    from triskele.train.evaluation import EvaluatorFactory
+    from triskele.train.evaluator import EvaluatorFactory
+
+
+METRICS_OF_EVERY_DOMAIN = ("eval_loss",)
+"""Metrics every evaluation reports besides a domain's own `metric_names`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +54,7 @@ class Domain:
     """The model's output classes, read from the training data once when a run starts and then saved
     in its config as `model.class_names`: evaluation and prediction never read the training data."""
     evaluator: EvaluatorFactory | Later
-    """(run parts, for_report) -> the domain's evaluator (`triskele.train.evaluation.Evaluator`), used
+    """(run parts, for_report) -> the domain's evaluator (`triskele.train.evaluator.Evaluator`), used
     by evaluation during training and (for_report True) by `evaluate_checkpoint` for its report."""
     metric_names: tuple[str, ...] | Later
     """The flattened names its evaluator's metrics return (what `checkpoint.best_metric` may name)."""

@@ -1,6 +1,6 @@
 """`python -m triskele.train plan`: the mesh planner for a preset or any transformer shape on N
 GPUs, the cost of a run, and the inference roofline (predictions only). Argument parsing and
-printing: the inputs and picks are `triskele.train.tools.planning`'s, the ranking the planner's.
+printing: the inputs and picks are `triskele.train.tools.plan_inputs`'s, the ranking the planner's.
 
     python -m triskele.train plan --preset mars-l16 --devices 64 --gpu h200 --global-batch 1024 \
         [--nodes 8] [--nvlink-domain 8] [--nvlink-gbps G] [--network-gbps G] [--set KEY=VALUE ...] \
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # `--help` imports no JAX: the tables its flags name (GPUs, mesh axes, schedules, formats) are plain
-# Python; what builds a model (triskele.train.tools.planning: JAX, Flax) loads once a plan runs.
+# Python; what builds a model (triskele.train.tools.plan_inputs: JAX, Flax) loads once a plan runs.
 from triskele.mesh.perf.hardware import GPUS, Gpu, get_gpu
 from triskele.mesh.perf.planner import (
     BEST_SCHEDULE,
@@ -43,7 +43,7 @@ from triskele.train.config.overrides import make_config
 from triskele.train.config.presets import PRESETS
 
 if TYPE_CHECKING:
-    from triskele.train.tools.planning import AbstractModel
+    from triskele.train.tools.plan_inputs import AbstractModel
 
 SCALING_DEVICES = [8, 16, 32, 64, 128, 256, 512, 1024]
 
@@ -173,7 +173,7 @@ def _with_cost(rows: list[dict], args: argparse.Namespace, gpu: Gpu, batch: int,
 
 
 def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: ModelShape) -> int:
-    from triskele.train.tools.planning import parameter_count
+    from triskele.train.tools.plan_inputs import parameter_count
 
     gpus = [get_gpu(args.gpu)] if args.gpu else list(GPUS.values())
     weights = parameter_count(model, shape)
@@ -193,7 +193,7 @@ def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: Mod
 def run_plan(args: argparse.Namespace) -> int:
     """Runs a parsed `plan` command line: prints the ranking (or scaling, or roofline); a ValueError
     says what to change."""
-    from triskele.train.tools.planning import abstract_model, plan_inputs, shape_inputs
+    from triskele.train.tools.plan_inputs import abstract_model, plan_inputs, shape_inputs
 
     if args.efficiency is not None and not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency must be in (0, 1], got {args.efficiency}")
@@ -255,7 +255,7 @@ def _print_scaling(args: argparse.Namespace, make, gpu: Gpu, batch: int) -> int:
 def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int, tokens: bool) -> int:
     """Every valid mesh of `--devices` in the planner's order, the pick and why, its cost with `--cost`;
     throughput in tokens for a token shape (`tokens`), else in images."""
-    from triskele.train.tools.planning import pick_flags
+    from triskele.train.tools.plan_inputs import pick_flags
 
     name = args.preset or args.shape
     ranked = candidates(inputs)

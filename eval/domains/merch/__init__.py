@@ -265,7 +265,7 @@ def _refresh(model, workdir: Path | None) -> dict[str, Any] | None:
 
 
 before_predict = _refresh
-"""What `triskele.eval.evaluate.predict` runs first with the model: a stale gallery index rebuilt."""
+"""What `triskele.eval.prediction.predict` runs first with the model: a stale gallery index rebuilt."""
 
 
 def _gallery_command(parser: argparse.ArgumentParser):

@@ -13,7 +13,7 @@ from triskele.train.bookkeeping.plots import save_figure
 from triskele.train.data.pipeline import Source
 from triskele.train.domains.deepfake.data import FAMILIES
 from triskele.train.domains.deepfake.metrics import family_aucs, metrics
-from triskele.train.evaluation import BatchEvaluator
+from triskele.train.evaluator import BatchEvaluator
 
 
 def plot_roc(labels: np.ndarray, scores: np.ndarray, path: Path, title: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from triskele.mesh.chunks import run_groups
 from triskele.models.sliding import default_stride, extract_windows, resize_bilinear, stitch
-from triskele.train.serve import ServeRunner
+from triskele.train.forward import ForwardRunner
 
 
 def frame_logits(window_logits: np.ndarray, frame_shape: tuple[int, int], label_shape: tuple[int, int],
@@ -18,9 +18,9 @@ def frame_logits(window_logits: np.ndarray, frame_shape: tuple[int, int], label_
     return resize_bilinear(stitch(window_logits, *frame_shape, stride), *label_shape)
 
 
-def runner_of(parts: Any, params: Any) -> ServeRunner:
+def runner_of(parts: Any, params: Any) -> ForwardRunner:
     """The run's model serving in batches of the run's global batch."""
-    return ServeRunner(parts.graphdef, params, parts.mesh, parts.config.data.global_batch)
+    return ForwardRunner(parts.graphdef, params, parts.mesh, parts.config.data.global_batch)
 
 
 def whole_frames(parts: Any, params: Any, records: Iterable[dict[str, np.ndarray]]

@@ -14,7 +14,7 @@ from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.data.pipeline import Source
 from triskele.train.domains.merch import compliance_metrics, detection_metrics, recognition_metrics
 from triskele.train.domains.merch.metrics import NAMES, at_k, facings, metrics, violations
-from triskele.train.evaluation import BatchEvaluator, Evaluator
+from triskele.train.evaluator import BatchEvaluator, Evaluator
 
 K = 5
 """Ranks the recognition picture shows: the 5 a closed-set record keeps."""

@@ -1,12 +1,12 @@
-"""The mutation harness (issue 38): each behavioural mutant of `bench/mutant_list.py` applied alone to a
+"""The mutation harness: each behavioural mutant of `tools/mutation/mutant_list.py` applied alone to a
 private copy of the package, and only the tests that must kill it run against that copy.
 
-    python bench/mutants.py                    # every mutant
-    python bench/mutants.py --changed [REV]    # those whose file (or killing tests) changed since REV
-    python bench/mutants.py --only NAME ...    # the mutants named
-    python bench/mutants.py --list             # the list, nothing run
-    python bench/mutants.py --jobs 2           # two mutants at a time
-    python bench/mutants.py --baseline --only NAME   # a new entry: its tests pass unmutated, then kill it
+    python -m tools.mutation.harness                    # every mutant
+    python -m tools.mutation.harness --changed [REV]    # those whose file (or killing tests) changed since REV
+    python -m tools.mutation.harness --only NAME ...    # the mutants named
+    python -m tools.mutation.harness --list             # the list, nothing run
+    python -m tools.mutation.harness --jobs 2           # two mutants at a time
+    python -m tools.mutation.harness --baseline --only NAME   # a new entry: its tests pass unmutated, then kill it
 
 For each mutant: the working tree (tracked files and untracked ones git does not ignore, as they are
 now) is copied to a temporary folder, never touching the checkout; its package folders are linked
@@ -42,15 +42,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mutant_list import MUTANTS, Mutant
+from tools.mutation.mutant_list import MUTANTS, Mutant
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTEST = ("-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE")
 PLUGIN = "_triskele_mutant_check"
 TIMEOUT = 1800
 """Seconds one mutant's tests may take before the run counts as an error."""
 
-PLUGIN_SOURCE = '''"""Written by bench/mutants.py: after collection, the mutated module must come from the copy."""
+PLUGIN_SOURCE = '''"""Written by the mutation harness: after collection, the mutated module must come from the copy."""
 import hashlib
 import importlib
 import json

@@ -23,9 +23,9 @@ from triskele.mesh.perf.transformer_shape import validator as shape_validator
 from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MESH_AXES, MeshSpec
 from triskele.train.config.schema import Config
+from triskele.train.config.validate import validate
 from triskele.train.domains import get_domain
 from triskele.train.precision import activation_bytes, matmul_dtype
-from triskele.train.validate import validate
 
 PLANNED_BACKEND = "gpu"
 """The backend the planner plans for: what `precision=auto` means there (bfloat16)."""

@@ -14,9 +14,21 @@ import numpy as np
 from triskele.mesh import host_to_global, process_rows
 from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.data.pipeline import Source, eval_batches, eval_rows
-from triskele.train.metrics import MetricsFn, flatten
 
 Totals = dict[str, np.ndarray]
+MetricsFn = Callable[[dict[str, np.ndarray]], dict[str, Any]]
+"""A domain's metrics of a split, from its summed and per-record statistics."""
+
+
+def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """{'iou': {'sand': 0.5}} -> {'iou/sand': 0.5}; the numbers only."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}/"))
+        elif isinstance(value, int | float | np.number) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = float(value)
+    return out
 
 
 @runtime_checkable

@@ -1,4 +1,4 @@
-"""The behavioural mutants `bench/mutants.py` runs (issue 38): each a one-line bug in one named function
+"""The behavioural mutants `tools/mutation/harness.py` runs: each a one-line bug in one named function
 and the tests that must fail on it.
 
 To add one, append an entry to MUTANTS:
@@ -9,7 +9,7 @@ To add one, append an entry to MUTANTS:
            ("tests/test_x.py::test_y",),  # node ids or test files; `k="..."` adds a -k expression
            "the bug in words, and what catches it"),
 
-then run `python bench/mutants.py --only short-name`: it must report `killed`. Keep each selection to
+then run `python -m tools.mutation.harness --only short-name`: it must report `killed`. Keep each selection to
 the fewest, fastest tests that kill it (they run with -x, in one process).
 """
 
@@ -46,23 +46,23 @@ CROPS = "tests/test_face_crops.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- restore / resume ---------------------------------------------------------------------
-    Mutant("restore-ignores-commit-marker", "train/checkpoint.py", "Checkpoints.problem",
+    Mutant("restore-ignores-commit-marker", "train/checkpoints/manager.py", "Checkpoints.problem",
            "if not (self.directory / str(step) / COMMIT_MARKER).is_file():",
            "if not (self.directory / str(step)).is_dir():",
            (f"{FAULTS}::test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_resumes_from_the_one_before"
             "[commit marker deleted]",),
            "a save that never completed (no commit marker) passes as whole: eval and resume read step 6"),
-    Mutant("restore-keeps-corrupt-in-place", "train/checkpoint.py", "Checkpoints.restore_newest",
+    Mutant("restore-keeps-corrupt-in-place", "train/checkpoints/manager.py", "Checkpoints.restore_newest",
            "self._move_aside(step, str(err))", "pass",
            (f"{FAULTS}::test_a_corrupt_latest_checkpoint_is_moved_aside_and_the_run_resumes_from_the_one_before"
             "[metadata garbled]",),
            "a corrupt newest checkpoint is skipped but not moved to corrupt-<step>/"),
-    Mutant("restore-readonly-no-hint", "train/checkpoint.py", "Checkpoints._read",
+    Mutant("restore-readonly-no-hint", "train/checkpoints/manager.py", "Checkpoints._read",
            "if not self.read_only:", "if self.read_only:",
            (f"{FAULTS}::test_eval_of_a_corrupt_latest_checkpoint_names_the_newest_step_that_restores"
             "[metadata garbled]",),
            "evaluation of a corrupt latest step no longer names the newest step that restores"),
-    Mutant("resume-domain-options-free", "train/resume_check.py", "fixed_keys",
+    Mutant("resume-domain-options-free", "train/checkpoints/resume_check.py", "fixed_keys",
            "if f.name not in free)]", "if f.name in free)]",
            (f"{RELAUNCH}::test_keys_that_set_shapes_dtypes_or_the_data_order_are_named[merch-tiny-merch.num_skus-50]",
             f"{RELAUNCH}::test_a_domains_evaluation_only_options_may_change_on_resume"),
@@ -260,21 +260,21 @@ MUTANTS: tuple[Mutant, ...] = (
            'order = np.argsort(similarity, axis=1, kind="stable")',
            ("tests/test_merch.py::test_retrieval_and_topk_metrics_on_hand_made_embeddings",),
            "recall@k and mAP ranked from the farthest gallery image"),
-    Mutant("hf-norm-eps-ignored", "train/pretrained.py", "resolve_norm_eps",
+    Mutant("hf-norm-eps-ignored", "train/weights/pretrained.py", "resolve_norm_eps",
            "config.model.norm_eps = DEFAULT_NORM_EPS if stated is None else stated",
            "config.model.norm_eps = DEFAULT_NORM_EPS",
            ("tests/test_pretrained.py::test_a_run_from_a_hugging_face_file_builds_the_files_epsilon",),
            "a run from a Hugging Face file builds timm's 1e-6, not the file's epsilon (breakage 6)"),
-    Mutant("hf-norm-eps-default-timms", "train/pretrained.py", "WeightFile.norm_eps",
+    Mutant("hf-norm-eps-default-timms", "train/weights/pretrained.py", "WeightFile.norm_eps",
            'return float((self.config or {}).get("layer_norm_eps", 1e-12))',
            'return float((self.config or {}).get("layer_norm_eps", 1e-6))',
            ("tests/test_pretrained.py::test_a_run_from_a_hugging_face_file_builds_the_files_epsilon",),
            "a bare Hugging Face file read with timm's epsilon, not Hugging Face's 1e-12 (breakage 6)"),
-    Mutant("restore-oldest-first", "train/checkpoint.py", "Checkpoints.restore_newest",
+    Mutant("restore-oldest-first", "train/checkpoints/manager.py", "Checkpoints.restore_newest",
            "for step in sorted(self.all_steps(), reverse=True):", "for step in sorted(self.all_steps()):",
            ("tests/test_restore_order.py::test_a_relaunch_resumes_from_the_newest_of_three_checkpoints",),
            "a relaunch restores the oldest checkpoint it keeps (breakage 8)"),
-    Mutant("restore-hint-oldest", "train/checkpoint.py", "Checkpoints._newest_readable",
+    Mutant("restore-hint-oldest", "train/checkpoints/manager.py", "Checkpoints._newest_readable",
            "for step in sorted((s for s in self.all_steps() if s < before), reverse=True):",
            "for step in sorted(s for s in self.all_steps() if s < before):",
            ("tests/test_restore_order.py::test_a_corrupt_newest_checkpoint_falls_back_to_the_next_newest_not_the_oldest",),
@@ -311,11 +311,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "fields = dict(width=width, depth=depth, mlp_dim=4 * width, heads=heads)",
            ("tests/test_pinned_counts.py::test_every_named_size_has_the_hand_counted_parameters",),
            "every size's MLP made 4x its width (g, G and e are not) (breakage 14)"),
-    Mutant("config-files-earlier-win", "train/config.py", "make_config",
+    Mutant("config-files-earlier-win", "train/config/overrides.py", "make_config",
            "for path in files:", "for path in reversed(list(files)):",
            ("tests/test_print_config.py::test_later_files_win_over_earlier_ones_and_overrides_over_files",),
            "an earlier config file wins over a later one (breakage 14)"),
-    Mutant("notebook-predict-iter-drops-options", "eval/evaluate.py", "predict_iter",
+    Mutant("notebook-predict-iter-drops-options", "eval/prediction.py", "predict_iter",
            "_predict_io(model, workdir, _given(model, options), limits)",
            "_predict_io(model, workdir, _given(model, {}), limits)",
            ("tests/test_notebook.py::test_predict_and_predict_iter_give_what_the_model_computes_on_an_image",),
@@ -385,11 +385,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "best = int(np.argmax(f1))", "best = int(np.argmin(f1))",
            ("tests/test_detection_metrics.py::test_the_score_threshold_is_chosen_where_detection_f1_is_highest",),
            "the score threshold chosen where detection F1 is lowest"),
-    Mutant("evaluate-report-folder-unchecked", "eval/evaluate.py", "_check_writable",
+    Mutant("evaluate-report-folder-unchecked", "eval/report.py", "_check_writable",
            "    if reason:\n", "    if reason and False:\n",
            ("tests/test_mars_eval.py::test_a_run_folder_that_cannot_take_the_report_is_named_before_evaluating_and_output_is_the_way",),
            "a run folder the report cannot be written to found out only after the evaluation, as an OSError"),
-    Mutant("reader-opened-with-orbax-read-only", "train/checkpoint.py", "_reading",
+    Mutant("reader-opened-with-orbax-read-only", "train/checkpoints/manager.py", "_reading",
            "ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)",
            "ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False, read_only=True)",
            ("tests/test_read_only_store.py",),

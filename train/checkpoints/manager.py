@@ -4,7 +4,7 @@ Saves are asynchronous; the last `keep` checkpoints and the best one by an eval 
 Restoring into target shardings reshards, so a checkpoint restores onto any mesh.
 
 A relaunch whose config changes what a checkpoint's state is (shapes, dtypes, the data order) is
-refused before restoring, nothing moved (`triskele.train.resume_check`). A checkpoint that does not
+refused before restoring, nothing moved (`triskele.train.checkpoints.resume_check`). A checkpoint that does not
 restore (no commit marker, truncated or garbled files) is moved aside to
 `checkpoints/corrupt-<step>/` when training starts, and the newest one that restores is used; a
 read-only user (evaluation) gets a clear error naming the newest step that does restore instead,

@@ -11,7 +11,7 @@ from triskele.mesh import make_mesh
 from triskele.models.weights import to_timm
 from triskele.train.backbone import vit_config
 from triskele.train.run import restore_run
-from triskele.train.safetensors import write_safetensors
+from triskele.train.weights.safetensors import write_safetensors
 
 EXPORT_FORMATS = ("timm",)
 

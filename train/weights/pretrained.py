@@ -37,8 +37,8 @@ from triskele.models.weights import (
 )
 from triskele.train.backbone import DEFAULT_NORM_EPS
 from triskele.train.config.schema import Config
-from triskele.train.safetensors import MAX_DIMS, NotSafetensors, SafetensorsFile
 from triskele.train.state import TrainState
+from triskele.train.weights.safetensors import MAX_DIMS, NotSafetensors, SafetensorsFile
 
 ACCEPTED = ("model.init_from takes a timm or Hugging Face .safetensors file, a Hugging Face save_pretrained folder "
             "(one .safetensors file, optionally config.json) or a ViT/big_vision .npz file; PyTorch .bin/.pth "

@@ -1,4 +1,4 @@
-"""A model's `serve` compiled for one mesh and one batch size, with explicit shardings: the inputs
+"""A model's `infer` compiled for one mesh and one batch size, with explicit shardings: the inputs
 and the outputs split along `batch` over `data x fsdp`, the parameters in their rules' shardings.
 Each device copies only its own rows of the outputs to the host: no device gathers the batch.
 Evaluation, prediction and the benchmarks run models through it (`triskele.mesh.chunks` cuts
@@ -25,8 +25,8 @@ def host_rows(value: jax.Array) -> np.ndarray:
     return np.concatenate(jax.device_get([shards[start].data for start in sorted(shards)]))  # copies started together
 
 
-class ServeRunner:
-    """`dispatch(batch)` starts `serve` on a (batch, ...) host array and returns at once;
+class ForwardRunner:
+    """`dispatch(batch)` starts `infer` on a (batch, ...) host array and returns at once;
     `fetch(handle)` waits and gives numpy outputs for the whole batch. `batch` must divide over
     `data x fsdp`.
 
@@ -44,7 +44,7 @@ class ServeRunner:
         self._spans_processes = len({d.process_index for d in mesh.devices.flat}) > 1
 
         def serve(params: Any, images: jax.Array) -> dict[str, jax.Array]:
-            outputs = nnx.merge(graphdef, params).serve(images)
+            outputs = nnx.merge(graphdef, params).infer(images)
             return {key: jax.lax.with_sharding_constraint(value, batch_sharding(mesh, value.ndim, batch))
                     for key, value in outputs.items()}
 

@@ -1,15 +1,16 @@
 """The claims triskele was founded on, checked against the planner and the inference roofline
 (predictions only: nothing here runs on a GPU).
 
-    python bench/claims.py [--write-page]
+    python -m triskele.train.tools.claims [--write-page [PAGE]]
 
 One row per claim: the claim, the figure the performance model gives for each domain's ViT-L/16
 preset (mars-l16, merch-l16, deepfake-l16) and for a ViT-L/16 ten times larger (width 3200, 32
 heads, 24 blocks: 2.95B weights), whether it agrees (the rule is stated in the row) and the term
-that decides it. `--write-page` replaces the table between docs/performance.md's `<!-- claims: -->`
-markers; tests/test_claims.py keeps the two equal. B300 figures are the hardware table's
-(`triskele.mesh.perf.hardware`: NVIDIA's HGX B300 platform page, as tabulated at
-glennklockwood.com/garden/processors/B300); no GPU has been measured for these rows yet.
+that decides it. `--write-page` replaces the table between the `<!-- claims: -->` markers of the
+performance page (default docs/performance.md, from the checkout's root); tests/test_claims.py keeps
+the two equal. B300 figures are the hardware table's (`triskele.mesh.perf.hardware`: NVIDIA's HGX
+B300 platform page, as tabulated at glennklockwood.com/garden/processors/B300); no GPU has been
+measured for these rows yet.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MeshSpec
 from triskele.train.bookkeeping.files import write_atomically
 from triskele.train.config.overrides import make_config
-from triskele.train.tools.planning import abstract_model, plan_inputs, shape_inputs
+from triskele.train.domains import domains as registered_domains
+from triskele.train.tools.plan_inputs import abstract_model, plan_inputs, shape_inputs
 
-PERFORMANCE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
-DOMAIN_PRESETS = ("mars-l16", "merch-l16", "deepfake-l16")
+PERFORMANCE = Path("docs/performance.md")
+"""The performance page, from the checkout's root."""
 TEN_X = "ViT-L/16 x10"
 LARGE_BATCH = 256
 NETWORKS_GBPS = (25, 50, 100)
@@ -71,7 +73,7 @@ def ten_times_larger(base: ModelShape, global_batch: int) -> Model:
 
 
 def models() -> list[Model]:
-    domains = [domain_model(preset) for preset in DOMAIN_PRESETS]
+    domains = [domain_model(f"{name}-l16") for name in registered_domains()]
     return [*domains, ten_times_larger(domains[0].shape, domains[0].global_batch)]
 
 
@@ -217,14 +219,15 @@ def page_claims(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write-page", action="store_true", help="replace docs/performance.md's claims table")
+    parser.add_argument("--write-page", nargs="?", const=PERFORMANCE, type=Path, metavar="PAGE",
+                        help=f"replace the claims table of PAGE (default {PERFORMANCE})")
     args = parser.parse_args(argv)
     table = claims_table()
     print(table, end="")
     if args.write_page:
-        text = PERFORMANCE.read_text()
+        text = args.write_page.read_text()
         page_claims(text)
-        write_atomically(PERFORMANCE, MARKERS.sub(lambda m: m.group(1) + table + m.group(3), text).encode())
+        write_atomically(args.write_page, MARKERS.sub(lambda m: m.group(1) + table + m.group(3), text).encode())
     return 0
 
 

@@ -1,14 +1,14 @@
 """Serving load: `python -m triskele.eval serve` on 127.0.0.1 driven by tritonclient's HTTP client
 (one client per thread), beside the forward-only rate of the same compiled batch sizes.
 
-    python bench/serve.py [--preset deepfake-s16] [--requests 2000] [--concurrency 1 --concurrency 8 ...]
+    python bench/serving_load.py [--preset deepfake-s16] [--requests 2000] [--concurrency 1 --concurrency 8 ...]
                           [--max-batch 32] [--max-delay-ms 5] [--bad 500] [--sigterm] [--workdir runs/bench-serve]
                           [--json FILE]
 
 Each request is one PNG of the model's input size sent as BYTES (decoded on the server with predict's
 preprocessing). Per concurrency: requests/s from the first request sent to the last answer, p50/p90/p99
 latency, the mean real rows per model call over that level (`triskele_batch_rows` in /metrics), and
-errors. Forward only: the compiled `serve` of each batch size on a batch already on the device
+errors. Forward only: the compiled `infer` of each batch size on a batch already on the device
 (bench/predict.py's measure), in this process before the server starts.
 The server takes a bearer token (a file written beside its log) that every request sends but
 the two token kinds below, and a body limit (`--max-body-bytes`: 1 MiB, or more where 8 good

@@ -1,0 +1,1 @@
+"""The project's own developer tools (not part of the installed package)."""
