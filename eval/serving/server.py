@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import uvicorn
 from triskele.eval.defaults import SERVE_LIMITS, ServeOptions
-from triskele.eval.serving.app import ServeState, build_app, triton_config
+from triskele.eval.serving.app import build_app, triton_config
 from triskele.eval.serving.batcher import Batcher, compiled_sizes
 from triskele.eval.serving.inputs import Decoder
 from triskele.eval.serving.metrics import ServeMetrics
+from triskele.eval.serving.state import ServeState
 from triskele.train.config.limits import input_limits
 from triskele.train.config.schema import InputLimits
 
