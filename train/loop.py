@@ -156,6 +156,19 @@ class _Events:
         self.input_wait = 0.0
         """Seconds of this interval the host waited for the next batch (a starved run's share nears 1)."""
 
+    def after_step(self, done: int, state: TrainState, records: list[tuple[int, dict[str, float]]], due: _Due,
+                   bar: tqdm) -> None:
+        """The events `due` after step `done`, its metrics (`records`) fetched: the only host sync, so
+        that no state is saved before its loss is seen."""
+        self.check_finite(records)
+        self.summary.final_step, self.summary.last_loss = done, records[-1][1]["loss"]
+        self.interval_losses += [m["loss"] for _, m in records if math.isfinite(m["loss"])]
+        if due.log:
+            self.log_step(done, records, bar)
+        eval_metrics = self.evaluate(done, state, bar) if due.evaluate else None
+        if due.save:
+            self.save(done, state, eval_metrics)
+
     def check_finite(self, records: list[tuple[int, dict[str, float]]]) -> None:
         """Stops the run (FloatingPointError) on a non-finite step, or on too many skipped in a row."""
         config, skipping = self.parts.config, self.skipping
@@ -242,6 +255,30 @@ def _train_batches(parts: RunParts, first: int, bad_records: Path):
                          prefetch=config.data.prefetch, workers=config.data.workers)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Due:
+    """What is due after a step: a log line, an evaluation, a save, a stop (and why)."""
+
+    log: bool
+    evaluate: bool
+    save: bool
+    stopped_by: str | None
+
+    @classmethod
+    def after(cls, done: int, config: Any, checkpoints: Checkpoints, stop_request: StopRequest,
+              stop_after_step: int | None) -> _Due:
+        total, every = config.run.steps, config.run.eval_every
+        preempted = jax.process_count() > 1 and checkpoints.manager.reached_preemption(done)
+        signalled = stop_request.requested and jax.process_count() == 1  # else: preempted, agreed on by all
+        stopped = signalled or preempted or done == stop_after_step
+        stopped_by = None if not stopped else "interrupted" if stop_request.interrupted else (
+            "sigterm" if signalled or preempted else "stop_after_step")
+        return cls(log=done % config.run.log_every == 0 or done == total,
+                   evaluate=bool(every) and (done % every == 0 or done == total),
+                   save=stopped_by is not None or done % config.checkpoint.every == 0 or done == total,
+                   stopped_by=stopped_by)
+
+
 def _train(
     parts: RunParts,
     workdir: Path,
@@ -273,39 +310,19 @@ def _train(
             events.input_wait += time.perf_counter() - asked
             batch = host_to_global(rows, mesh, batch_size)
             if train_step is None:
-                train_step = events.throughput.compile(batch)
-                barrier(f"compiled-{first}")  # before the first collective runs (`barrier`)
-                if log.enabled:
-                    print(events.throughput.describe(), flush=True)
-                events.restart_clock(first)
+                train_step = _compiled(events, batch, first, log)
             profile.before(step + 1)
             state, metrics = train_step(state, batch)
             done = step + 1
             profile.after(done, state)
             pending.add(done, metrics)
             bar.update(1)
-            every = config.run.eval_every
-            evaluate = bool(every) and (done % every == 0 or done == total)
-            log_now = done % config.run.log_every == 0 or done == total
-            preempted = jax.process_count() > 1 and checkpoints.manager.reached_preemption(done)
-            signalled = stop_request.requested and jax.process_count() == 1  # else: preempted, agreed on by all
-            stop = signalled or preempted or done == stop_after_step
-            save = stop or done % config.checkpoint.every == 0 or done == total
-            if not (log_now or evaluate or save):
-                continue
-            records = pending.fetch()  # the only host sync: no state is saved before its loss is seen
-            events.check_finite(records)
-            summary.final_step, summary.last_loss = done, records[-1][1]["loss"]
-            events.interval_losses += [m["loss"] for _, m in records if math.isfinite(m["loss"])]
-            if log_now:
-                events.log_step(done, records, bar)
-            eval_metrics = events.evaluate(done, state, bar) if evaluate else None
-            if save:
-                events.save(done, state, eval_metrics)
-            if stop:
+            due = _Due.after(done, config, checkpoints, stop_request, stop_after_step)
+            if due.log or due.evaluate or due.save:
+                events.after_step(done, state, pending.fetch(), due, bar)
+            if due.stopped_by:
                 checkpoints.wait()
-                summary.stopped_by = ("interrupted" if stop_request.interrupted else
-                                      "sigterm" if signalled or preempted else "stop_after_step")
+                summary.stopped_by = due.stopped_by
                 break
         else:
             summary.stopped_by = "completed"
@@ -313,6 +330,16 @@ def _train(
     if log.enabled:
         write_plots(workdir)
     return summary
+
+
+def _compiled(events: _Events, batch: Any, first: int, log: RunLog) -> Any:
+    """The train step compiled for `batch`, every process past its compilation before the first collective."""
+    train_step = events.throughput.compile(batch)
+    barrier(f"compiled-{first}")  # before the first collective runs (`barrier`)
+    if log.enabled:
+        print(events.throughput.describe(), flush=True)
+    events.restart_clock(first)
+    return train_step
 
 
 def _announce(parts: RunParts, first: int, workdir: Path, schedule: dict[str, float | int | str]) -> None:

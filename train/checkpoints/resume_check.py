@@ -43,7 +43,8 @@ class ConfigChanged(ValueError):
 
 def _value(config: Config, key: str) -> Any:
     section, _, field = key.partition(".")
-    return getattr(getattr(config, section), field) if field else getattr(config, section)
+    holder = config.options if section == config.domain else getattr(config, section)
+    return getattr(holder, field) if field else holder
 
 
 def fixed_keys(config: Config) -> list[str]:
