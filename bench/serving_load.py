@@ -213,6 +213,24 @@ def bad_requests(size: int, channels: int, name: str, server: Server) -> list[Ba
             Bad("unknown model", 404, "no model 'nobody'", images(good, path="/v2/models/nobody/infer"))]
 
 
+def refused(server: Server, bad: Bad, session: requests.Session, request_id: str) -> tuple[str, str]:
+    """(how a bad request was answered: right, other_4xx or other; the answer in words)."""
+    path, body, headers = bad.build(request_id)
+    try:
+        answer = session.post(f"http://{server.url}{path}", data=body, headers=headers, timeout=120)
+    except requests.RequestException as err:
+        return "other", f"{type(err).__name__}: {err}"
+    try:
+        reason = answer.json().get("error")
+    except ValueError:
+        reason = None
+    if 400 <= answer.status_code < 500 and isinstance(reason, str) and reason:
+        key = "right" if answer.status_code == bad.status and bad.reason in reason else "other_4xx"
+    else:
+        key = "other"
+    return key, f"{answer.status_code}: {reason if reason else answer.text[:200]}"
+
+
 def bad_mixed(server: Server, name: tuple[str, str], images: list[bytes], expected: list[np.ndarray], count: int,
               size: int, channels: int) -> dict:
     """`count` bad requests (at least one of each kind, the kinds in turn) mixed with as many good
@@ -228,29 +246,13 @@ def bad_mixed(server: Server, name: tuple[str, str], images: list[bytes], expect
     good = {"good_right": 0, "good_wrong": 0, "first_good_wrong": ""}
     lock, counter = threading.Lock(), itertools.count()
 
-    def refused(bad: Bad, session: requests.Session, request_id: str) -> tuple[str, str]:
-        path, body, headers = bad.build(request_id)
-        try:
-            answer = session.post(f"http://{server.url}{path}", data=body, headers=headers, timeout=120)
-        except requests.RequestException as err:
-            return "other", f"{type(err).__name__}: {err}"
-        try:
-            reason = answer.json().get("error")
-        except ValueError:
-            reason = None
-        if 400 <= answer.status_code < 500 and isinstance(reason, str) and reason:
-            key = "right" if answer.status_code == bad.status and bad.reason in reason else "other_4xx"
-        else:
-            key = "other"
-        return key, f"{answer.status_code}: {reason if reason else answer.text[:200]}"
-
     def worker() -> None:
         client = triton.InferenceServerClient(server.url, connection_timeout=120, network_timeout=120)
         session = requests.Session()
         while (i := next(counter)) < 2 * count:
             if i % 2:
                 bad = kinds[(i // 2) % len(kinds)]
-                key, answer = refused(bad, session, f"bad-{i}")
+                key, answer = refused(server, bad, session, f"bad-{i}")
                 with lock:
                     row = per_kind[bad.kind]
                     row["sent"] += 1

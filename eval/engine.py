@@ -368,29 +368,40 @@ def predict_files(model: Any, io: PredictIO, input_spec: str | Path, out_dir: st
     summary = {"inputs": len(units), "written": written, "skipped": skipped, "changed": changed,
                "unreadable": unreadable, "records": records, "seconds": round(seconds, 3),
                "interrupted": stop.requested,
-        "images_per_sec": round(written / seconds, 3) if seconds > 0 else 0.0,
-        "records_per_sec": round(records / seconds, 3) if seconds > 0 else 0.0, "output": str(out_dir)}
+               "images_per_sec": round(written / seconds, 3) if seconds > 0 else 0.0,
+               "records_per_sec": round(records / seconds, 3) if seconds > 0 else 0.0, "output": str(out_dir)}
     if jax.process_index() == 0:
-        errors = [(u.key, reason) for u in units if (reason := journal.error(u)) is not None]
-        rows = [row for u in units if (row := journal.row(u)) is not None]
-        files_written = io.finish(rows, out_dir)
-        summary["turned_by_exif_orientation"] = sum("exif_orientation" in row for row in rows)
-        read_as = [row["read_as"] for row in rows if "read_as" in row]  # a domain's rows may say how each was read
-        if read_as:
-            summary["read_as"] = {kind: read_as.count(kind) for kind in sorted(set(read_as))}
-        _write_errors(out_dir, errors)
-        summary["files"] = files_written + (["errors.csv"] if errors else [])
-        write_atomically(out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
-        if stop.requested:
-            left = len(units) - written - skipped - unreadable
-            print(f"predict stopped by {stop.signal}: {left} inputs not predicted yet; run the same command again "
-                  "to predict them (what is written is kept)", flush=True)
-        print(f"predicted {written} inputs ({changed} changed since), skipped {skipped} already done, "
-              f"{unreadable} unreadable in {seconds:.1f} s ({summary['images_per_sec']:.1f} inputs/s, "
-              f"{summary['records_per_sec']:.1f} model inputs/s) -> {out_dir}", flush=True)
+        _write_summary(io, units, journal, out_dir, summary)
+        _say_done(summary, stop)
     if run.failure is not None and jax.process_index() == 0:
         print(f"warning: some outputs could not be written: {run.failure}", flush=True)
     return summary
+
+
+def _write_summary(io: PredictIO, units: list[Any], journal: Journal, out_dir: Path, summary: dict[str, Any]) -> None:
+    """The domain's files over every input's row, errors.csv, and summary.json (with what the rows
+    say: inputs turned upright by their EXIF orientation, how each was read where a domain says)."""
+    errors = [(u.key, reason) for u in units if (reason := journal.error(u)) is not None]
+    rows = [row for u in units if (row := journal.row(u)) is not None]
+    files_written = io.finish(rows, out_dir)
+    summary["turned_by_exif_orientation"] = sum("exif_orientation" in row for row in rows)
+    read_as = [row["read_as"] for row in rows if "read_as" in row]
+    if read_as:
+        summary["read_as"] = {kind: read_as.count(kind) for kind in sorted(set(read_as))}
+    _write_errors(out_dir, errors)
+    summary["files"] = files_written + (["errors.csv"] if errors else [])
+    write_atomically(out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+
+
+def _say_done(summary: dict[str, Any], stop: StopRequest) -> None:
+    written, skipped, unreadable = summary["written"], summary["skipped"], summary["unreadable"]
+    if stop.requested:
+        left = summary["inputs"] - written - skipped - unreadable
+        print(f"predict stopped by {stop.signal}: {left} inputs not predicted yet; run the same command again "
+              "to predict them (what is written is kept)", flush=True)
+    print(f"predicted {written} inputs ({summary['changed']} changed since), skipped {skipped} already done, "
+          f"{unreadable} unreadable in {summary['seconds']:.1f} s ({summary['images_per_sec']:.1f} inputs/s, "
+          f"{summary['records_per_sec']:.1f} model inputs/s) -> {summary['output']}", flush=True)
 
 
 def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:

@@ -532,7 +532,49 @@ def _report(title: str, entries: list[str]) -> str:
     return f"{title} ({len(entries)}):\n" + "\n".join(f"  {e}" for e in entries)
 
 
+MAX_FUNCTION_LINES = 60
+"""A function (its decorators left out, its docstring in) longer than this is split."""
+
+MAX_TOP_LEVEL_MODULES = {"train": 15}
+"""Modules at a folder's top level (`__init__.py` and `__main__.py` count); more go into subfolders."""
+
+
+def long_functions(root: Path, folders: tuple[str, ...] = (*LAYERS, "bench", "tools"),
+                   limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Rule 6: every function or method over `limit` lines, with its length."""
+    out = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")) if (root / folder).is_dir() else ():
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > limit:
+                        out.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: {node.name} ({length} lines)")
+    return out
+
+
+def crowded_folders(root: Path, limits: dict[str, int] = MAX_TOP_LEVEL_MODULES) -> list[str]:
+    """Rule 7: a folder whose top level holds more modules than its limit."""
+    out = []
+    for folder, limit in limits.items():
+        modules = sorted(p.name for p in (root / folder).glob("*.py"))
+        if len(modules) > limit:
+            listed = ", ".join(modules)
+            out.append(f"{folder}/ holds {len(modules)} modules at its top level (at most {limit}): {listed}")
+    return out
+
+
 # ----------------------------------------------------------------------------- the rules on the code
+
+
+def test_no_function_is_over_60_lines():
+    found = long_functions(ROOT)
+    assert not found, _report(f"functions over {MAX_FUNCTION_LINES} lines", found)
+
+
+def test_train_s_top_level_holds_at_most_15_modules():
+    found = crowded_folders(ROOT)
+    assert not found, "\n".join(found)
 
 
 def test_imports_run_one_way():
@@ -762,6 +804,16 @@ def test_cycles_control(tmp_path):
     text = describe_cycle(found[0], read_tree(tmp_path))
     assert "train/b.py:5: from triskele.train import a" in text, text
     assert "train/a.py:1: import triskele.train.b" in text, text
+
+
+def test_long_functions_and_crowded_folders_control(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(59))
+    files = {**SYNTHETIC, "bench/long.py": f"def fits():\n{body}\n\n\ndef too_long():\n{body}\n    return x0\n",
+             **{f"train/m{i}.py": "" for i in range(12)}}
+    root = write_tree(tmp_path, files)
+    assert long_functions(root) == ["bench/long.py:63: too_long (61 lines)"]
+    found = crowded_folders(root)
+    assert len(found) == 1 and found[0].startswith("train/ holds 18 modules at its top level (at most 15)"), found
 
 
 def test_computed_imports_control(tmp_path):

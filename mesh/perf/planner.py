@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from triskele.mesh.perf.formulas import (
     ParamBytes,
+    StepCollectives,
     StepMemory,
     activation_traffic_bytes,
     block_passes,
@@ -275,25 +276,8 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
         fsdp_reduce_scatter=sent.fsdp_reduce_scatter * fsdp_passes)
     block_gathers = (pipeline_block_gathers(mesh.pipeline, repeats, pipeline_microbatches) if per_iteration
                      else inputs.fsdp_gathers)
-    links = {axis: axis_link(mesh, axis, inputs) for axis in ("data", "fsdp", "tensor", "pipeline")}
-    layers = shape.depth / mesh.pipeline
-    per_block = 4 + (1 if remat == "full" else 0)
-    iterations = repeats * pipeline_microbatches + mesh.pipeline - 1
-    latency = {
-        "data": math.ceil(params.local / GRADIENT_BUCKET_BYTES)
-        * collective_latency("all-reduce", mesh.data, links["data"][1]),
-        "fsdp": layers * fsdp_passes * (block_gathers + 1) * inputs.fsdp_collectives_per_layer
-        * collective_latency("all-gather", mesh.fsdp, links["fsdp"][1]),
-        "tensor": per_block * layers * microbatches * collective_latency("all-reduce", mesh.tensor, links["tensor"][1]),
-        "pipeline": 2 * iterations * collective_latency("all-gather", 2, links["pipeline"][1])
-        if mesh.pipeline > 1 else 0.0,
-    }
-    comm = {
-        "data": sent.data_all_reduce / links["data"][0] + latency["data"],
-        "fsdp": (sent.fsdp_all_gather + sent.fsdp_reduce_scatter) / links["fsdp"][0] + latency["fsdp"],
-        "tensor": (sent.tensor_all_reduce + sent.tensor_all_gather) / links["tensor"][0] + latency["tensor"],
-        "pipeline": (sent.pipeline_permute + sent.pipeline_broadcast) / links["pipeline"][0] + latency["pipeline"],
-    }
+    comm = communication_seconds(inputs, mesh, sent, params.local, microbatches, repeats, remat,
+                                 fsdp_passes * (block_gathers + 1))
     hidden = BACKWARD_SHARE * compute
     exposed = (comm["tensor"] + comm["pipeline"] + overlapped_seconds(comm["fsdp"], hidden, inputs.overlap_efficiency)
                + overlapped_seconds(comm["data"], hidden / microbatches, inputs.overlap_efficiency))
@@ -306,6 +290,35 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
         mfu=model_flops / (step * inputs.gpu.peak_flops[inputs.compute]), images_per_s=batch / step,
         executed_flops=executed, collective_bytes=sent.by_kind(), gather_once=gather_once, schedule=schedule,
     )
+
+
+def communication_seconds(inputs: PlanInputs, mesh: MeshSpec, sent: StepCollectives, local_param_bytes: float,
+                          microbatches: int, repeats: int, remat: str, fsdp_collectives: float) -> dict[str, float]:
+    """Seconds each mesh axis spends in its collectives per step: the bytes `sent` over the link the
+    axis crosses, plus NCCL's per-hop latency for every collective it issues (`fsdp_collectives`: the
+    gathers and reduce-scatters per layer's weights, all passes)."""
+    shape = inputs.shape
+    pipeline_microbatches = microbatches if mesh.pipeline > 1 else 1
+    links = {axis: axis_link(mesh, axis, inputs) for axis in ("data", "fsdp", "tensor", "pipeline")}
+    layers = shape.depth / mesh.pipeline
+    per_block = 4 + (1 if remat == "full" else 0)
+    iterations = repeats * pipeline_microbatches + mesh.pipeline - 1
+    latency = {
+        "data": math.ceil(local_param_bytes / GRADIENT_BUCKET_BYTES)
+        * collective_latency("all-reduce", mesh.data, links["data"][1]),
+        "fsdp": layers * fsdp_collectives * inputs.fsdp_collectives_per_layer
+        * collective_latency("all-gather", mesh.fsdp, links["fsdp"][1]),
+        "tensor": per_block * layers * microbatches * collective_latency("all-reduce", mesh.tensor, links["tensor"][1]),
+        "pipeline": 2 * iterations * collective_latency("all-gather", 2, links["pipeline"][1])
+        if mesh.pipeline > 1 else 0.0,
+    }
+    comm = {
+        "data": sent.data_all_reduce / links["data"][0] + latency["data"],
+        "fsdp": (sent.fsdp_all_gather + sent.fsdp_reduce_scatter) / links["fsdp"][0] + latency["fsdp"],
+        "tensor": (sent.tensor_all_reduce + sent.tensor_all_gather) / links["tensor"][0] + latency["tensor"],
+        "pipeline": (sent.pipeline_permute + sent.pipeline_broadcast) / links["pipeline"][0] + latency["pipeline"],
+    }
+    return comm
 
 
 def overlapped_seconds(comm: float, hidden: float, efficiency: float) -> float:

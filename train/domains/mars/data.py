@@ -13,6 +13,7 @@ intensity alone a poor cue.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +49,23 @@ def _quantile_threshold(field: np.ndarray, mask: np.ndarray, fraction: float) ->
     return float(np.quantile(values, 1 - fraction)) if values.size else np.inf
 
 
-def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """One (image float32 HxW in [0,1], label uint8 HxW) pair, a pure function of (seed, size)."""
-    rng = np.random.default_rng(seed)
+@dataclasses.dataclass
+class _View:
+    """A camera over flat ground: pixel rows and columns, the horizon, and each pixel's ground
+    coordinates (x across, z ahead) where it sees ground nearer than the far plane."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    horizon: float
+    focal: float
+    height: float
+    below: np.ndarray
+    ground: np.ndarray
+    x: np.ndarray
+    z: np.ndarray
+
+
+def _view(rng: np.random.Generator, size: int) -> _View:
     rows, cols = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
     horizon = rng.uniform(0.15, 0.35) * size
     focal = size * rng.uniform(0.8, 1.2)
@@ -61,9 +76,13 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     ground = below & (depth < far)
     z = np.where(ground, depth, far) + rng.uniform(0, 100)
     x = (cols - size / 2) * np.where(ground, depth, far) / focal + rng.uniform(0, 100)
+    return _View(rows, cols, horizon, focal, height, below, ground, x, z)
 
-    # Class layout on the ground: bedrock ~50%, sand ~12%, soil the rest, a few big rocks ~1%.
-    label = np.full((size, size), IGNORE, np.uint8)
+
+def _ground_classes(rng: np.random.Generator, view: _View) -> np.ndarray:
+    """Class layout on the ground: bedrock ~50%, sand ~12%, soil the rest (big rocks come later)."""
+    x, z, ground = view.x, view.z, view.ground
+    label = np.full(ground.shape, IGNORE, np.uint8)
     bedrock_field = _fourier_field(rng, x, z, scale=rng.uniform(2.0, 4.0))
     sand_field = _fourier_field(rng, x, z, scale=rng.uniform(1.5, 3.0))
     bedrock = ground & (bedrock_field > _quantile_threshold(bedrock_field, ground, rng.uniform(0.35, 0.65)))
@@ -72,8 +91,12 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     label[ground] = 0
     label[bedrock] = 1
     label[sand] = 2
+    return label
 
-    # Textures, in ground coordinates.
+
+def _textures(rng: np.random.Generator, view: _View, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(image, grains): each class's texture in ground coordinates, and the soil's grain noise."""
+    x, z = view.x, view.z
     theta = rng.uniform(0, np.pi)
     warp = 0.5 * _fourier_field(rng, x, z, scale=1.5, terms=6)
     along = x * np.cos(theta) + z * np.sin(theta)
@@ -88,9 +111,13 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     layering = 0.03 * np.sin(2 * np.pi * v / 0.7)
     fracture = (np.abs(plate_u - np.round(plate_u)) < 0.05) | (np.abs(plate_v - np.round(plate_v)) < 0.05)
     rock_plates = 0.5 + 0.25 * (plate_id - 0.5) + layering - 0.3 * fracture  # flat plates, cracks
-    image = np.select([label == 2, label == 0, label == 1], [ripples, soil, rock_plates], 0.0)
+    return np.select([label == 2, label == 0, label == 1], [ripples, soil, rock_plates], 0.0), grains
 
-    # Big rocks: discrete blobs, lit from one side, with a cast shadow on the ground beside them.
+
+def _big_rocks(rng: np.random.Generator, view: _View, image: np.ndarray, label: np.ndarray, grains: np.ndarray,
+               size: int) -> np.ndarray:
+    """Discrete blobs, lit from one side, with a cast shadow on the ground beside them (label 3)."""
+    rows, cols, ground = view.rows, view.cols, view.ground
     light = rng.uniform(0, 2 * np.pi)
     lx, lz = np.cos(light), np.sin(light)
     ground_rows = np.nonzero(ground.any(axis=1))[0]
@@ -99,8 +126,8 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
             break
         r0 = rng.uniform(ground_rows[0] + 0.3 * ground_rows.size, size)
         c0 = rng.uniform(0, size)
-        rd = focal * height / max(r0 - horizon, 1e-3)
-        radius = rng.uniform(0.12, 0.25) * focal / rd  # pixels
+        rd = view.focal * view.height / max(r0 - view.horizon, 1e-3)
+        radius = rng.uniform(0.12, 0.25) * view.focal / rd  # pixels
         dr, dc = (rows - r0) / (0.7 * radius), (cols - c0) / radius
         dist = np.sqrt(dr**2 + dc**2)
         shadow = ground & (np.sqrt((dr + 1.1 * lz) ** 2 + (dc - 1.1 * lx) ** 2) < 1.0) & (dist >= 1.0)
@@ -109,10 +136,20 @@ def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
         shade = 0.55 + 0.3 * (dc * lx - dr * lz) / np.maximum(dist, 1e-3) * np.sqrt(np.clip(dist, 0, 1))
         image = np.where(blob, shade + 0.04 * (grains - 0.5), image)
         label[blob] = 3
+    return image
 
-    sky = 0.75 + 0.2 * (rows / max(horizon, 1.0)) + 0.03 * rng.normal(size=(size, size))
+
+def render_terrain(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """One (image float32 HxW in [0,1], label uint8 HxW) pair, a pure function of (seed, size)."""
+    rng = np.random.default_rng(seed)
+    view = _view(rng, size)
+    label = _ground_classes(rng, view)
+    image, grains = _textures(rng, view, label)
+    image = _big_rocks(rng, view, image, label, grains, size)
+    below = view.below
+    sky = 0.75 + 0.2 * (view.rows / max(view.horizon, 1.0)) + 0.03 * rng.normal(size=(size, size))
     image = np.where(below, image, sky)
-    image = np.where(below & ~ground, 0.5 + 0.05 * rng.normal(size=(size, size)), image)
+    image = np.where(below & ~view.ground, 0.5 + 0.05 * rng.normal(size=(size, size)), image)
     # Per-image exposure: intensity alone cannot give the class.
     image = image * rng.uniform(0.55, 1.45) + rng.uniform(-0.25, 0.25)
     image = image + rng.normal(0, 0.02, size=image.shape)
