@@ -35,9 +35,9 @@ DEEPFAKEBENCH = ("DeepfakeBench's README, cross-domain table (frame-level AUC; t
                  "arXiv:2307.01426")
 LSDA = ("Yan et al., Transcending Forgery Specificity with Latent Space Augmentation (LSDA), CVPR 2024, "
         "arXiv:2311.11278, cross-dataset table (frame-level AUC, FF++ c23, DeepfakeBench's protocol; SBI re-run "
-        "there); the figures as issue 32 quotes them, not re-read from the paper here")
+        "there); the figures as quoted when this table was written, not re-read from the paper here")
 SBI = ("Shiohara and Yamasaki, Detecting Deepfakes with Self-Blended Images, CVPR 2022, cross-dataset table "
-       "(video-level AUC; EfficientNet-B4 trained on FF++ raw reals); as issue 32 quotes it")
+       "(video-level AUC; EfficientNet-B4 trained on FF++ raw reals); as quoted when this table was written")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Shelf rows against the planogram (issue 30 item 4), on hand-made rows covering each status:
+"""Shelf rows against the planogram, on hand-made rows covering each status:
 a swap, a gap, a foreign product, an extra facing, a missing one, a partial bay; rows grouped from
 boxes, stacks merged, shelf gaps found from the spaces between facings."""
 

@@ -1,4 +1,4 @@
-"""The dense facing detector's targets, loss and decoding (issue 30): peaks at box centres, padded
+"""The dense facing detector's targets, loss and decoding: peaks at box centres, padded
 boxes that change nothing, the same targets on one device and on eight, boxes drawn by hand that
 decode back, and the detector's forward pass the same on a sharded mesh as on one device."""
 

@@ -1,5 +1,5 @@
-"""`--help` and a wrong flag answer without importing JAX or the other heavy libraries (issue 36
-item 7). The checks run in a fresh interpreter: this suite's conftest has imported JAX already."""
+"""`--help` and a wrong flag answer without importing JAX or the other heavy libraries. The checks run
+in a fresh interpreter: this suite's conftest has imported JAX already."""
 
 from __future__ import annotations
 

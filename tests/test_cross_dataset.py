@@ -1,4 +1,4 @@
-"""Issue 32 items 4 and 7 end to end: a tiny tree in each cross-dataset layout, made from the
+"""The cross-dataset protocol end to end: a tiny tree in each cross-dataset layout, made from the
 project's test videos (tests/videoutil.py), is prepared and then evaluated on its test split (by
 the cross-dataset bench over all of them, and by `python -m triskele.eval --data` for a
 DeepfakeBench JSON); each report's frame and video AUC are scikit-learn's over the per-frame and

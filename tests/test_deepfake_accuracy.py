@@ -1,4 +1,4 @@
-"""Deepfake accuracy at 0.5 on a hand-worked case (issue 38, item 14): the scikit-learn comparison
+"""Deepfake accuracy at 0.5 on a hand-worked case: the scikit-learn comparison
 recomputes `(scores > 0.5) == labels` as the code does, on continuous scores that never sit on
 the threshold, so a flipped comparison or a `>=` passed it."""
 

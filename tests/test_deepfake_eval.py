@@ -95,7 +95,7 @@ def test_predict_writes_per_video_and_per_frame_csv(trained, tmp_path):
 
 
 def test_linked_frame_folders_are_read_and_two_of_one_name_keep_their_folders(trained, tmp_path):
-    """Issue 32 item 6: a folder of links to the dataset's video folders (the usual way to point at a
+    """A folder of links to the dataset's video folders (the usual way to point at a
     dataset without copying it) is read, and two videos both named 000 keep apart."""
     write_ffpp(tmp_path / "ffpp")
     real = tmp_path / "ffpp" / "original_sequences" / "youtube" / "c23" / "frames"

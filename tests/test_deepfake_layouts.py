@@ -1,4 +1,4 @@
-"""The cross-dataset layouts (issue 32 item 4): what each one's files say about its videos, and the
+"""The cross-dataset layouts: what each one's files say about its videos, and the
 errors that name a file contradicting its layout. Trees of empty placeholder videos: nothing is
 decoded here (tests/test_cross_dataset.py prepares and evaluates trees of real test videos)."""
 

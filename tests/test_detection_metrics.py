@@ -1,4 +1,4 @@
-"""Facing detection scores (issue 30): pycocotools' AP, AP50, AP75, AR@300 on ground truth and on
+"""Facing detection scores: pycocotools' AP, AP50, AP75, AR@300 on ground truth and on
 hand-worked cases where the IoU thresholds tell the answers apart; the count error per photo; the
 score threshold chosen where detection F1 is highest."""
 

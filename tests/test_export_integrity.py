@@ -1,4 +1,4 @@
-"""An exported model's two files are checked when loaded (issue 37, item 7): the sidecar's content
+"""An exported model's two files are checked when loaded: the sidecar's content
 and the serialized program are both covered by the hashes, the sidecar's fields are validated and
 must describe the program itself, and a program that cannot run here is a ValueError naming the
 file (exit 2 from the command line), not a traceback at its first call.

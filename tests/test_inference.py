@@ -296,7 +296,7 @@ def test_notebooks_get_an_iterator_of_predictions(mars_run, tmp_path):
     assert callable(predict)
 
 
-# --- every input its own output, tied to its model (issue 35, items 3 and 4) ------------------------
+# --- every input its own output, tied to its model ------------------------
 
 def _noise(path, seed, size=(36, 44)):
     path.parent.mkdir(parents=True, exist_ok=True)

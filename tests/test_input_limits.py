@@ -1,7 +1,7 @@
-"""One crafted input never aborts a job, and what it costs follows the pixels allowed (issue 37 item
-4): image, video and planogram limits checked from headers before decoding (`limits.*`), only PNG
-and JPEG opened, every reader (predict, training's `data.bad_records`, prepare) refusing such an
-input with its reason while the good ones go on, and a video decoded once."""
+"""One crafted input never aborts a job, and what it costs follows the pixels allowed: image, video and
+planogram limits checked from headers before decoding (`limits.*`), only PNG and JPEG opened, every
+reader (predict, training's `data.bad_records`, prepare) refusing such an input with its reason
+while the good ones go on, and a video decoded once."""
 
 import csv
 import json

@@ -1,6 +1,6 @@
 """Paths stay where they belong: predict's output folder never overwrites or re-reads its inputs,
 a walk over a tree with link cycles ends and lists each file once, and the names a dataset's split
-file gives stay inside the dataset (issue 37, items 3 and 6)."""
+file gives stay inside the dataset."""
 
 import hashlib
 import json

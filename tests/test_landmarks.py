@@ -1,4 +1,4 @@
-"""Face landmarks (issue 32, item 3): a synthetic face's drawn landmarks, the 5-point alignment, the
+"""Face landmarks: a synthetic face's drawn landmarks, the 5-point alignment, the
 hull mask, `prepare` storing dlib's 68 points beside the crops, and the fallback without the extra."""
 
 import json

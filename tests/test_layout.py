@@ -553,6 +553,21 @@ def long_functions(root: Path, folders: tuple[str, ...] = (*LAYERS, "bench", "to
     return out
 
 
+ISSUE_CITATION = re.compile(r"\b" + "iss" + r"ues?\s+#?\d+", re.IGNORECASE)
+"""A tracker's issue number in the text (spelled apart here, so that this file does not cite one)."""
+
+
+def issue_citations(root: Path, folders: tuple[str, ...] = (*LAYERS, "bench", "tools", "tests", "examples"),
+                    ) -> list[str]:
+    """Rule 8: code speaks of the code: no line of a source file cites an issue number."""
+    out = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")) if (root / folder).is_dir() else ():
+            out += [f"{path.relative_to(root).as_posix()}:{n}: {line.strip()}"
+                    for n, line in enumerate(path.read_text().splitlines(), 1) if ISSUE_CITATION.search(line)]
+    return out
+
+
 def crowded_folders(root: Path, limits: dict[str, int] = MAX_TOP_LEVEL_MODULES) -> list[str]:
     """Rule 7: a folder whose top level holds more modules than its limit."""
     out = []
@@ -570,6 +585,11 @@ def crowded_folders(root: Path, limits: dict[str, int] = MAX_TOP_LEVEL_MODULES) 
 def test_no_function_is_over_60_lines():
     found = long_functions(ROOT)
     assert not found, _report(f"functions over {MAX_FUNCTION_LINES} lines", found)
+
+
+def test_no_source_line_cites_an_issue_number():
+    found = issue_citations(ROOT)
+    assert not found, _report("lines citing an issue number (say what the code does instead)", found)
 
 
 def test_train_s_top_level_holds_at_most_15_modules():
@@ -814,6 +834,14 @@ def test_long_functions_and_crowded_folders_control(tmp_path):
     assert long_functions(root) == ["bench/long.py:63: too_long (61 lines)"]
     found = crowded_folders(root)
     assert len(found) == 1 and found[0].startswith("train/ holds 18 modules at its top level (at most 15)"), found
+
+
+def test_issue_citations_control(tmp_path):
+    cited = "Iss" + "ue 30"
+    text = f'"""Shelves ({cited.lower()} item 2)."""\n# as {cited} asked\nissued = 3\n'
+    files = {**SYNTHETIC, "tests/test_x.py": text}
+    found = issue_citations(write_tree(tmp_path, files))
+    assert [entry.split(": ")[0] for entry in found] == ["tests/test_x.py:1", "tests/test_x.py:2"], found
 
 
 def test_computed_imports_control(tmp_path):

@@ -79,7 +79,7 @@ def test_planogram_comparison_on_a_hand_made_shelf():
 
 
 def test_the_shelf_overlay_colours_each_status_labels_violations_and_shows_the_score():
-    """Issue 36 item 5: ok, wrong SKU, gap and unexpected each in its own colour with a legend,
+    """Ok, wrong SKU, gap and unexpected each in its own colour with a legend,
     `expected -> found` on each violation, the compliance score in the picture."""
     from triskele.eval.domains.merch import STATUSES, legend_lines, overlay_boxes, shelf_overlay
 
@@ -162,7 +162,7 @@ def test_grocery_store_layout_and_bad_inputs(tmp_path):
 
 
 def test_a_planogram_of_shelves_without_a_grid(tmp_path):
-    """Shelves of any length, top to bottom (issue 30 item 6); malformed ones named; the gridded
+    """Shelves of any length, top to bottom; malformed ones named; the gridded
     form's facing cells refuse it, naming what reads it."""
     from triskele.train.domains.merch.data import facing_boxes
 
@@ -247,7 +247,7 @@ def test_gallery_index_crop_and_shelf_prediction(trained, tmp_path, capsys):
     assert -1 <= float(rows[0]["top1_similarity"]) <= 1
     assert rows[0]["class_top1"].startswith(("sku", "empty")) and 0 < float(rows[0]["class_top1_probability"]) <= 1
 
-    # Issue 36 item 4: a malformed planogram and one naming a SKU the gallery lacks are listed in
+    # A malformed planogram and one naming a SKU the gallery lacks are listed in
     # errors.csv with their reasons, the good shelf and the crop written, exit 1 as for a bad image.
     for name, plan in (("broken", '{"rows": [["sku0"'), ("stranger", '{"rows": [["sku0", "sku9"]]}')):
         Image.fromarray(shelf).save(inputs / f"{name}.png")
@@ -271,7 +271,7 @@ def test_gallery_index_crop_and_shelf_prediction(trained, tmp_path, capsys):
 
 
 def test_a_quantized_or_exported_copy_carries_the_gallery(trained, tmp_path, capsys):
-    """Issue 36 item 5: predict on a quantized copy (its index rebuilt for the copy's weights from the
+    """Predict on a quantized copy (its index rebuilt for the copy's weights from the
     recorded references) and on an export alone (the index it carries, recorded as the export's)."""
     import shutil
 
@@ -378,7 +378,7 @@ def test_crops_listed_from_two_folders_get_a_row_each(trained, tmp_path):
     assert first != second
 
 
-# --- pinned recognition and matching (issue 38, items 4 and 11) ----------------------------------
+# --- pinned recognition and matching ----------------------------------
 # The 3-step model is near chance, so these tests give it answers that are known: a classifier head
 # fitted by least squares to the closed-set crops, and a gallery and shelf made of the same reference
 # images. The right top-k (highest logits) then scores 1 where the lowest logits score 0, and the

@@ -1,4 +1,4 @@
-"""Commands on a normal workdir log no WARNING (issue 36, item 10: every read of a checkpoint logged
+"""Commands on a normal workdir log no WARNING (every read of a checkpoint logged
 Orbax's 'Given directory is read only')."""
 
 import logging

@@ -26,7 +26,7 @@ LEGACY_RUN = Path(__file__).parent / "fixtures" / "legacy" / "mars-run"
 
 
 def test_predict_and_predict_iter_give_what_the_model_computes_on_an_image(tmp_path):
-    """The notebook API run, not only imported (issue 38, item 14): a 16-pixel frame (one window of
+    """The notebook API run, not only imported: a 16-pixel frame (one window of
     the committed mars run) predicted by `predict` and `predict_iter`, with their options, against the
     model's own forward pass on the same pixels."""
     import shutil

@@ -1,5 +1,5 @@
 """Every named ViT size has the published shape and exactly the parameters a hand count gives
-(issue 38, item 14: `param_count(...) > 0` for every size let any size's table entry change).
+(`param_count(...) > 0` for every size let any size's table entry change).
 
 The shapes are the papers' (Ti, S: DeiT, Touvron et al. 2021; B, L, H: Dosovitskiy et al. 2021;
 g, G: Zhai et al. 2022, "Scaling Vision Transformers"; e: PaLI, Chen et al. 2023; 22B: Dehghani et

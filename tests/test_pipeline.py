@@ -171,7 +171,7 @@ def test_pipelined_step_permutes_activations_and_never_gathers_the_layer_stack(d
     assert stack_gathers(staged.lower(kernel).compile().as_text(), depth)
 
 
-# mars-tiny at depth 4 on pipeline=2,fsdp=4, M=4 (issue 35): each stage's 2 layers sharded 4 ways.
+# mars-tiny at depth 4 on pipeline=2,fsdp=4, M=4: each stage's 2 layers sharded 4 ways.
 GATHER_CASE = {"model.depth": 4, "mesh": "pipeline=2,fsdp=4", "pipeline.microbatches": 4}
 
 

@@ -203,7 +203,7 @@ def test_1f1b_temporaries_stay_flat_in_microbatches_where_circulars_grow(compile
 def test_the_planner_prices_the_compiled_pipeline_memory(compiled_memory, devices):
     """The planner's per-device memory (parameters, gradients, optimizer state, activations and the
     step's other weight-sized buffers, `formulas.PIPELINE_WEIGHT_TEMPORARIES`) against the compiled
-    step's arguments + temporaries, within 20% (issue 33). Measured: 1f1b 0.99, 0.96, 0.92 and
+    step's arguments + temporaries, within 20%. Measured: 1f1b 0.99, 0.96, 0.92 and
     circular 0.95, 1.00, 1.06 at M = 4, 8, 16 (without the two weight-sized temporaries: 0.65-0.68
     and 0.69-0.87). Besides: 1f1b priced cheaper than circular at every M, and the growth from M=4
     to 16 of 1f1b under 0.3x circular's both as priced and as compiled (temporaries)."""

@@ -1,4 +1,4 @@
-"""Predict's output names and model identities without a trained model (issue 35, items 2-4): keys
+"""Predict's output names and model identities without a trained model: keys
 relative to the inputs' common root, the input's suffix kept where two inputs share a stem, clashes
 refused before anything runs, and an identity for a checkpoint and an export."""
 
@@ -97,7 +97,7 @@ def test_an_export_is_identified_by_its_sha256():
 
 
 def test_shelves_without_a_gallery_are_refused_naming_the_command_that_builds_one(tmp_path):
-    """Issue 36 item 5: a run's shelves name `gallery --workdir RUN`; an export alone names the run it
+    """A run's shelves name `gallery --workdir RUN`; an export alone names the run it
     was exported from, and that exporting again carries the index."""
     from triskele.eval.domains.merch import predict_io as merch_io
 
@@ -113,7 +113,7 @@ def test_shelves_without_a_gallery_are_refused_naming_the_command_that_builds_on
         input_units(merch_io(exported, {}, None), tmp_path / "in")
 
 
-# --- mars' masks from hand-made logits (issue 38, items 3 and 7) ------------------------------------
+# --- mars' masks from hand-made logits ------------------------------------
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
     e = np.exp(logits - logits.max(-1, keepdims=True))

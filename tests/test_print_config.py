@@ -140,7 +140,7 @@ def test_preset_table_states_what_each_preset_sets():
             assert cell == expected, (name, key)
 
 
-# --- a config file sets what it holds (issue 38, item 14: the fuzz test only checks the error type) ---
+# --- a config file sets what it holds (the fuzz test only checks the error type) ---
 
 FILE_VALUES = {  # key -> the values a file may set it to, and what the config then holds
     "optim.lr": st.floats(1e-7, 1.0),

@@ -1,4 +1,4 @@
-"""A run folder mounted read-only, as Kubernetes and KServe mount model volumes (issue 31, item 5):
+"""A run folder mounted read-only, as Kubernetes and KServe mount model volumes:
 `serve`, `predict`, `export` and `quantize --output` elsewhere load it with no warning and write
 nothing in it. The tests run as root, whom a read-only mode does not stop: every file and folder
 of the run (names, sizes, modification times) is compared before and after as well."""

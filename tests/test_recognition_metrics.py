@@ -1,4 +1,4 @@
-"""Recognition of detected facings and compliance (issue 30): matching detections to true facings, the open-set
+"""Recognition of detected facings and compliance: matching detections to true facings, the open-set
 threshold and the scores, on cases worked by hand."""
 
 import json

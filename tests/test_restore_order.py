@@ -1,4 +1,4 @@
-"""Which checkpoint a run restores when it holds several (issue 38, item 8: the resume tests held
+"""Which checkpoint a run restores when it holds several (the resume tests held
 one checkpoint each, so restoring the oldest first went unnoticed), and the consistency check
 between a checkpoint's model and its data iterator (item 14: no test reached it).
 

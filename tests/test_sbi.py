@@ -77,7 +77,7 @@ def _high_frequency_energy(image: np.ndarray, where: np.ndarray) -> float:
 
 @pytest.mark.parametrize("holdout", [None, "Sharpen"])
 def test_a_fake_twin_is_no_smoother_than_its_real_more_often_than_chance(holdout):
-    """Issue 32: with the reference's sub-pixel affine on the fake alone, the fake's inner face was
+    """With the reference's sub-pixel affine on the fake alone, the fake's inner face was
     smoother than its own real's in 61% of the preset's training pairs, and a detector learned
     "smoother means fake". Over 1,000 pairs of 64-px faces, captured and post-augmented as training
     reads them (without the flip), it must be 0.45-0.55 (measured: 0.546; with holdout=Sharpen 0.482)."""

@@ -1,4 +1,4 @@
-"""Links planted in a workdir or output folder never redirect a write (issue 37, items 1 and 8):
+"""Links planted in a workdir or output folder never redirect a write:
 the workdir lock, atomic writes, the metrics log, config.json, the bad-records log, plots, weight
 files and the planner's outputs, predict's sweep of a killed job's temporary files, and
 bench/gpu.sh's package folder."""

@@ -1,4 +1,4 @@
-"""SKU-110K CSV and COCO JSON shelf annotations (issue 30 item 2) on tiny trees written here: boxes
+"""SKU-110K CSV and COCO JSON shelf annotations on tiny trees written here: boxes
 read as given, and every malformed row an error naming its file and line, or left out and counted."""
 
 import json

@@ -1,4 +1,4 @@
-"""The merch-shelf preset (issue 30): the facing detector trains through the shared engine on
+"""The merch-shelf preset: the facing detector trains through the shared engine on
 synthetic shelf photos, the same numbers on one device and on a sharded mesh, its loss falling, and
 its evaluation scores detections with COCO's evaluator."""
 

@@ -1,4 +1,4 @@
-"""Shelf photos on disk as the detector's training source (issue 30 item 2): a COCO tree and a
+"""Shelf photos on disk as the detector's training source: a COCO tree and a
 SKU-110K tree written here, read as the tiles predict cuts, each tile's boxes the ones it holds,
 COCO's categories the recognition head's SKUs; a short run trains on them."""
 

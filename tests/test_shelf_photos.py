@@ -1,4 +1,4 @@
-"""Synthetic shelf photos (issue 30): deterministic per (seed, split, index), boxes inside the photo
+"""Synthetic shelf photos: deterministic per (seed, split, index), boxes inside the photo
 and on their shelves, the plan and its violations true to what is drawn."""
 
 import numpy as np

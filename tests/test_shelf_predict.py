@@ -1,4 +1,4 @@
-"""Predicting shelf photos with a facing detector (issue 30 items 3, 5, 7), piece by piece on cases
+"""Predicting shelf photos with a facing detector, piece by piece on cases
 made by hand: references embedded on a canvas, tiles merged with each facing's own embedding,
 facings recognised or unknown, rows judged against the plan."""
 

@@ -1,4 +1,4 @@
-"""Large shelf photos on overlapping tiles (issue 30 item 5): a 1600 x 1200 synthetic photo of over
+"""Large shelf photos on overlapping tiles: a 1600 x 1200 synthetic photo of over
 250 facings, "detected" tile by tile as a perfect detector would see each tile (every facing's part
 inside it, cut at its edges), merges back to every facing exactly once, none twice at the seams."""
 

@@ -61,7 +61,7 @@ def test_a_passer_by_does_not_switch_the_identity(tmp_path):
 
 
 def test_a_face_moving_most_of_its_width_between_samples_keeps_every_sampled_frame(tmp_path):
-    """Issue 32: 8 samples of a 40-frame 854x480 pan at 9 px a frame (the face, 87 px wide, moves
+    """8 samples of a 40-frame 854x480 pan at 9 px a frame (the face, 87 px wide, moves
     about 50 px between samples: IoU 0.29) gave one face of 8 when tracks were linked by IoU."""
     faces = video_faces(write_video(tmp_path / "slide.mp4", slide(40, 9)), 8, crops="box")
     assert faces.frames_sampled == 8 and len(faces.crops) == 8, faces.left_out
@@ -102,7 +102,7 @@ def test_unreadable_videos_are_errors_naming_the_file(tmp_path):
 
 
 def test_the_video_backends_write_nothing_to_stderr_for_a_damaged_video(tmp_path):
-    """Issue 32 item 6: FFmpeg and OpenCV printed their own lines (raw bytes, not always UTF-8) to
+    """FFmpeg and OpenCV printed their own lines (raw bytes, not always UTF-8) to
     stderr; the error naming the file is all a reader gets, stderr stays text."""
     cut = tmp_path / "cut.mp4"
     cut.write_bytes(write_video(tmp_path / "good.mp4", pan(10)).read_bytes()[:300])

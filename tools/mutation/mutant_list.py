@@ -130,7 +130,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{PIPELINE_1F1B}::test_every_microbatch_passes_each_virtual_stage_forward_then_backward_once[4-1-7]",),
            "the 1f1b ring holds one stage input fewer than the first stage's wait: a later forward "
            "overwrites the input a backward still needs"),
-    # --- the planner prices what the runtime runs (issue 33) ---------------------------------
+    # --- the planner prices what the runtime runs ---------------------------------
     Mutant("planner-1f1b-without-its-recompute", "mesh/perf/formulas.py", "block_passes",
            "return (forward + backward * (4 + recompute)) / (3 * passes)",
            "return (forward + backward * (3 + recompute)) / (3 * passes)",
@@ -154,7 +154,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("deepfake-track-reach-a-tenth", "train/domains/deepfake/faces.py", "link_cost",
            "return cost if cost <= TRACK_REACH else None", "return cost if cost <= TRACK_REACH / 10 else None",
            ("tests/test_videos.py::test_tracks_link_by_motion_for_the_face_size_and_a_passer_by_never_takes_over",),
-           "a face moving 0.6 of its width between sparse samples starts a new track each sample (issue 32)"),
+           "a face moving 0.6 of its width between sparse samples starts a new track each sample"),
     Mutant("sbi-fake-copy-blurred", "train/domains/deepfake/sbi.py", "self_blend",
            "source = _shift(source, chosen.shift)",
            "source = ndimage.gaussian_filter(_shift(source, chosen.shift), (0.6, 0.6, 0))",
@@ -172,13 +172,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "return float(at[0]), float(at[-1])", "return float(at[-1]), float(at[-1])",
            ("tests/test_merch.py::test_retrieval_and_topk_metrics_on_hand_made_embeddings",),
            "top-1 accuracy reported as top-5's (a hit anywhere among the 5 ranks)"),
-    # --- issue 38: the metrics and predict writers (breakages 2, 3, 5, 7, 12, 13) ------------------
+    # --- the metrics and predict writers (breakages 2, 3, 5, 7, 12, 13) ------------------
     Mutant("deepfake-eer-from-fnr", "train/domains/deepfake/metrics.py", "roc_metrics",
            "\"eer\": float(fpr[np.nanargmin(np.abs(fnr - fpr))]),",
            "\"eer\": float(fnr[np.nanargmin(np.abs(fnr - fpr))]),",
            ("tests/test_deepfake_metrics.py::test_metrics_match_scikit_learn_on_random_scores",
             "tests/test_deepfake_metrics.py::test_eer_by_hand_where_the_two_rates_differ_at_the_closest_point",),
-           "EER read from the false-negative curve (issue 38 breakage 13)"),
+           "EER read from the false-negative curve"),
     Mutant("deepfake-family-video-auc-over-all-videos", "train/domains/deepfake/metrics.py", "family_aucs",
            "video_labels, video_mean = video_scores(totals[\"video\"][chosen], labels, scores)",
            "video_labels, video_mean = video_scores(totals[\"video\"], totals[\"label\"], totals[\"score\"])",
@@ -239,7 +239,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_predict_outputs.py::test_a_written_mars_mask_holds_the_class_of_each_pixels_largest_logit_in_its_colour",
             "tests/test_mars_eval.py::test_predicted_masks_show_their_classes_and_overlays_are_enlarged",),
            "the mask writer swaps soil and sand"),
-    # --- issue 38: breakages 1, 4, 6, 8, 9, 10, 11, 14 -------------------------------------------
+    # --- breakages 1, 4, 6, 8, 9, 10, 11, 14 -------------------------------------------
     Mutant("pipeline-layer-stack-replicated", "mesh/pipeline.py", "staged_weights",
            '"repeats", "stage", *([UNCONSTRAINED] * (w.ndim - 1))), layer_params)',
            '"repeats", None, *([UNCONSTRAINED] * (w.ndim - 1))), layer_params)',
@@ -320,7 +320,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "_predict_io(model, workdir, _given(model, {}), limits)",
            ("tests/test_notebook.py::test_predict_and_predict_iter_give_what_the_model_computes_on_an_image",),
            "predict_iter ignores the options it is given (breakage 14)"),
-    # --- issue 30: the shelf detector, its scores, tiles and alignment ------------------------------
+    # --- the shelf detector, its scores, tiles and alignment ------------------------------
     Mutant("centernet-offset-subtracted", "models/centernet.py", "decode",
            "centre = (cell + offset) * stride", "centre = (cell - offset) * stride",
            ("tests/test_centernet.py::test_boxes_drawn_by_hand_decode_back",),
@@ -489,7 +489,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_read_only_store.py",),
            "quantize rewrites the source run's config.json: a write into a read-only model store (root is not "
            "stopped by the mode; the listing of names, sizes and times is)"),
-    # --- issue 32 items 4 and 7: the cross-dataset layouts and table ----------------------------
+    # --- the cross-dataset layouts and table ----------------------------
     Mutant("celebdf-test-list-read-as-train", "train/domains/deepfake/layouts/celebdf.py", "_listed",
            'video = _video(str(path.with_suffix("")), "test", (where, fields[1]))',
            'video = _video(str(path.with_suffix("")), "train", (where, fields[1]))',

@@ -1,4 +1,4 @@
-"""A shelf photo's recognised facings against its planogram (issue 30 item 4): boxes grouped into
+"""A shelf photo's recognised facings against its planogram: boxes grouped into
 shelf rows, stacks merged into one facing column, each row aligned to its planned shelf by
 Needleman-Wunsch (semi-global where the photo shows part of the bay), the statuses and the score.
 

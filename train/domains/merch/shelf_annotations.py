@@ -1,4 +1,4 @@
-"""Shelf-photo box annotations on disk (issue 30 item 2): SKU-110K's CSV layout and COCO detection
+"""Shelf-photo box annotations on disk: SKU-110K's CSV layout and COCO detection
 JSON, read into {image name: (boxes (N, 4) x1 y1 x2 y2, SKUs or None)}.
 
 SKU-110K: `images/` beside `annotations_{train,val,test}.csv`, rows

@@ -1,4 +1,4 @@
-"""A photo larger than the detector's input, detected on overlapping tiles (issue 30 item 5), and
+"""A photo larger than the detector's input, detected on overlapping tiles, and
 the tiles' boxes merged so that a facing cut by a tile's edge is counted once.
 
 Tiles of `tile` pixels start every `tile - overlap` pixels (the last flush with the photo's edge).
