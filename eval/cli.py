@@ -17,6 +17,7 @@ from triskele.train.commands import (
     LazyCommands,
     Runner,
     add_coordinator_flags,
+    add_dataclass_flags,
     add_domain_flags,
     bounded,
     file_in_folder,
@@ -96,38 +97,8 @@ def _predict(parser):
 def _serve(parser):
     from triskele.eval.defaults import SERVE_LIMITS, ServeOptions
 
-    d = dataclasses.asdict(ServeOptions())
-
     parser.add_argument("--exported", metavar="FILE", help="serve this exported model instead of a checkpoint")
-    parser.add_argument("--host", default=d["host"], help=f"address to bind (default {d['host']}: this machine only)")
-    parser.add_argument("--port", type=bounded(int, 0, 65535), default=d["port"], help=f"port (default {d['port']})")
-    parser.add_argument("--name", help="the model's name in the routes (default: the run's domain)")
-    parser.add_argument("--max-batch", type=bounded(int, 1), default=d["max_batch"],
-                        help="largest batch compiled; sizes are data x fsdp devices times 1, 2, 4, ... up to it "
-                             f"(default {d['max_batch']})")
-    parser.add_argument("--max-delay-ms", type=bounded(float, 0), default=d["max_delay_ms"],
-                        help=f"longest a request waits for others to batch with (default {d['max_delay_ms']})")
-    parser.add_argument("--max-queue", type=bounded(int, 1), default=d["max_queue"],
-                        help=f"requests waiting at most; more get 503 (default {d['max_queue']})")
-    parser.add_argument("--max-in-flight", type=bounded(int, 1), default=d["max_in_flight"],
-                        help="infer requests arrived and not answered yet at most; more get 503 before their body is "
-                             f"read (default {d['max_in_flight']})")
-    parser.add_argument("--max-images", type=bounded(int, 1), default=d["max_images"],
-                        help="elements of a BYTES input (images, videos) a request at most; more is 413, checked "
-                             f"from its shape (default {d['max_images']})")
-    parser.add_argument("--max-records", type=bounded(int, 1), default=d["max_records"],
-                        help="records a request makes at most once decoded (tiles of large photos, video frames); "
-                             f"more is 413 (default {d['max_records']})")
-    parser.add_argument("--timeout-seconds", type=bounded(float, 0.001), default=d["timeout_seconds"],
-                        help=f"a request's deadline; later is 504 (default {d['timeout_seconds']})")
-    parser.add_argument("--max-body-bytes", type=bounded(int, 1), default=d["max_body_bytes"],
-                        help=f"largest request body; larger is 413 (default {d['max_body_bytes']:,})")
-    parser.add_argument("--token-file", help="a file holding the bearer token the model and infer routes require")
-    parser.add_argument("--threads", type=bounded(int, 1), default=d["threads"],
-                        help=f"threads decoding requests (default {d['threads']})")
-    parser.add_argument("--drain-seconds", type=bounded(float, 0), default=d["drain_seconds"],
-                        help="on SIGTERM, time to answer the requests accepted before exiting "
-                             f"(default {d['drain_seconds']})")
+    add_dataclass_flags(parser, ServeOptions)
     add_limits_flag(parser, defaults=SERVE_LIMITS)
 
     def run(a):

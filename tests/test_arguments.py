@@ -68,3 +68,23 @@ def test_every_command_that_takes_no_progress_accepts_it(tmp_path, capsys):
     assert eval_main(["--workdir", str(tmp_path / "missing"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments" not in err and "does not exist" in err
+
+
+def test_serve_s_flags_are_its_options_fields_with_their_defaults_and_ranges(capsys):
+    import argparse
+    import dataclasses
+
+    from triskele.eval.defaults import ServeOptions
+    from triskele.train.commands import add_dataclass_flags
+
+    parser = argparse.ArgumentParser()
+    add_dataclass_flags(parser, ServeOptions)
+    parsed = parser.parse_args([])
+    assert ServeOptions(**vars(parsed)) == ServeOptions(), "every field a flag, every default the field's"
+    given = parser.parse_args(["--max-batch", "8", "--timeout-seconds", "2.5", "--token-file", "t.txt"])
+    assert (given.max_batch, given.timeout_seconds, given.token_file) == (8, 2.5, "t.txt")
+    for flag, value in (("--port", "65536"), ("--max-batch", "0"), ("--drain-seconds", "-1")):
+        with pytest.raises(SystemExit):
+            parser.parse_args([flag, value])
+        assert f"argument {flag}: {value} is out of range" in capsys.readouterr().err
+    assert len(dataclasses.fields(ServeOptions)) == len(vars(parsed)) == 14

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,18 @@ def bounded(kind: Callable[[str], float], low: float, high: float | None = None)
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, options: type) -> None:
+    """One flag per field of the dataclass `options` (`max_batch` -> `--max-batch`), its default the
+    field's, its help the field's `metadata["help"]`; an int or float field is `bounded` by the
+    metadata's `low` and `high`, a Path field read as text."""
+    hints = typing.get_type_hints(options)
+    for field in dataclasses.fields(options):
+        kind = next((t for t in (int, float) if hints[field.name] in (t, t | None)), None)
+        low, high = field.metadata.get("low"), field.metadata.get("high")
+        parser.add_argument("--" + field.name.replace("_", "-"), default=field.default, help=field.metadata["help"],
+                            type=bounded(kind, low, high) if kind and low is not None else kind)
 
 
 def folder(text: str) -> str:
