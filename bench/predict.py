@@ -34,7 +34,7 @@ from triskele.eval.model import load_model
 from triskele.eval.quantize import quantize_checkpoint
 from triskele.train import make_config, train
 from triskele.train.bookkeeping.files import write_atomically
-from triskele.train.domains import get_domain
+from triskele.train.domains import spec_of
 
 PRESETS = ("mars-tiny", "mars-s16", "deepfake-tiny", "merch-tiny", "merch-shelf-tiny")
 FORMATS = ("float32", "bfloat16", "int8", "fp8", "fp4")
@@ -90,7 +90,7 @@ def forward_only(model, records: np.ndarray, repeats: int = 5) -> float:
 
 def row(root: Path, preset: str, fmt: str, batch: int, inputs_per_batch: int) -> dict:
     model = load_model(checkpoint(root, preset, fmt), batch=batch)
-    io = inference_of(get_domain(model.meta["domain"])).predict_io(model.meta, {}, None)
+    io = inference_of(spec_of(model.meta["domain"], model.meta.get("options", {}))).predict_io(model.meta, {}, None)
     records = batch * inputs_per_batch
     inputs = root / "inputs" / f"{preset}-{records}"
     write_inputs(inputs, model.meta, records)

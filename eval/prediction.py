@@ -11,7 +11,7 @@ from triskele.eval.domains import inference_of
 from triskele.eval.engine import Prediction, iter_predictions, predict_files
 from triskele.eval.model import load_model
 from triskele.train.config.schema import InputLimits
-from triskele.train.domains import domains, get_domain
+from triskele.train.domains import domains, get_domain, spec_of
 
 
 def _given(model: Any, options: dict[str, Any]) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def _predict_io(model: Any, workdir: str | Path | None, given: dict[str, Any], l
     domain's inference module may have `before_predict(model, workdir)`, run first (e.g. an index of
     reference embeddings built by another model rebuilt); its `predict_io` gets the model's
     `identity` and the `limits` (default `InputLimits()`) in `meta`."""
-    module = inference_of(get_domain(model.meta["domain"]))
+    module = inference_of(spec_of(model.meta["domain"], model.meta.get("options", {})))
     folder = Path(workdir) if workdir else None
     before = getattr(module, "before_predict", None)
     if before is not None:

@@ -150,6 +150,11 @@ def spec_values(path: Path) -> list[tuple[str, int]]:
             out.append((node.args[0].value, node.lineno))
         out += [(kw.value.value, node.lineno) for kw in node.keywords if kw.arg == "inference"
                 and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)]
+    for node in ast.walk(ast.parse(path.read_text())):  # a task's fields: {"inference": "module", ...}
+        if isinstance(node, ast.Dict):
+            out += [(value.value, value.lineno) for key, value in zip(node.keys, node.values, strict=True)
+                    if isinstance(key, ast.Constant) and key.value == "inference"
+                    and isinstance(value, ast.Constant) and isinstance(value.value, str)]
     return out
 
 
@@ -568,6 +573,28 @@ def issue_citations(root: Path, folders: tuple[str, ...] = (*LAYERS, "bench", "t
     return out
 
 
+def _names_task(node: ast.AST) -> bool:
+    """`x.task`, `x["task"]` or `x.get("task", ...)`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "task"
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "task"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "task")
+
+
+def task_branches(root: Path) -> list[str]:
+    """Rule 9: no code compares a run's task: the registry gives each task its own spec (`Domain.tasks`)."""
+    out = []
+    for path in source_files(root):
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Compare) and any(_names_task(n) for n in (node.left, *node.comparators)):
+                out.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return out
+
+
 def crowded_folders(root: Path, limits: dict[str, int] = MAX_TOP_LEVEL_MODULES) -> list[str]:
     """Rule 7: a folder whose top level holds more modules than its limit."""
     out = []
@@ -590,6 +617,11 @@ def test_no_function_is_over_60_lines():
 def test_no_source_line_cites_an_issue_number():
     found = issue_citations(ROOT)
     assert not found, _report("lines citing an issue number (say what the code does instead)", found)
+
+
+def test_no_code_branches_on_a_task():
+    found = task_branches(ROOT)
+    assert not found, _report("comparisons of a run's task (give the task its own spec instead)", found)
 
 
 def test_train_s_top_level_holds_at_most_15_modules():
@@ -834,6 +866,19 @@ def test_long_functions_and_crowded_folders_control(tmp_path):
     assert long_functions(root) == ["bench/long.py:63: too_long (61 lines)"]
     found = crowded_folders(root)
     assert len(found) == 1 and found[0].startswith("train/ holds 18 modules at its top level (at most 15)"), found
+
+
+def test_task_branches_control(tmp_path):
+    files = {**SYNTHETIC, "eval/tasks.py": """
+        def pick(config, meta):
+            if config.options.task == "shelf":
+                return 1
+            if meta["options"].get("task") != "recognition" or meta["task"] in ("a", "b"):
+                return 2
+            return {"task": config.options.task}
+        """}
+    found = task_branches(write_tree(tmp_path, files))
+    assert [entry.split(": ")[0] for entry in found] == ["eval/tasks.py:2", "eval/tasks.py:4", "eval/tasks.py:4"], found
 
 
 def test_issue_citations_control(tmp_path):

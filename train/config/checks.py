@@ -7,7 +7,7 @@ from typing import Any
 
 from triskele.train.config.limits import check_limits, check_positive
 from triskele.train.config.schema import PRECISIONS, Config
-from triskele.train.domains import domains, get_domain
+from triskele.train.domains import domains, get_domain, spec_for
 from triskele.train.domains.spec import METRICS_OF_EVERY_DOMAIN
 
 
@@ -29,6 +29,7 @@ def check_config(config: Config) -> None:
     from triskele.train.bookkeeping.profiling import parse_profile_steps
 
     check_choice("domain", config.domain, list(domains()))
+    spec_for(config)  # the task its options name is one of its domain's
     check_choice("precision", config.precision, PRECISIONS)
     check_choice("model.remat", config.model.remat, REMAT_POLICIES)
     check_choice("pipeline.schedule", config.pipeline.schedule, SCHEDULES)

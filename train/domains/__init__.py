@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from triskele.train.domains.spec import Domain, Later
+from triskele.train.domains.spec import Domain, Later, task_spec
 
 if TYPE_CHECKING:
     from triskele.train.config.schema import Config
 
 __all__ = ["BUILTIN", "Domain", "Later", "class_names", "domains", "get_domain", "register", "resolve_from_data",
-           "unregister"]
+           "spec_for", "spec_of", "task_spec", "unregister"]
 
 BUILTIN = ("mars", "merch", "deepfake")
 """Modules of `triskele.train.domains` that register a built-in domain."""
@@ -59,13 +59,24 @@ def get_domain(name: str) -> Domain:
     return known[name]
 
 
+def spec_of(name: str, options: Any) -> Domain:
+    """The spec a model of the domain `name` runs with: the domain's, for the task its options (a
+    dataclass, or a saved mapping) name."""
+    return task_spec(get_domain(name), options)
+
+
+def spec_for(config: Config) -> Domain:
+    """The spec a run of `config` runs with."""
+    return spec_of(config.domain, config.options)
+
+
 def class_names(config: Config) -> list[str]:
     """The run's class names: saved in its config, or (a run that started before they were saved)
     read from its data as at training time, with an error that says so if the data is not there."""
     if config.model.class_names is not None:
         return list(config.model.class_names)
     try:
-        return get_domain(config.domain).class_names(config)
+        return spec_for(config).class_names(config)
     except ValueError as err:
         raise ValueError(f"this run's config has no model.class_names (it was saved before they were recorded), and "
                          f"reading them from its training data failed: {err}. Point --data at the data it was "
@@ -75,7 +86,7 @@ def class_names(config: Config) -> list[str]:
 def resolve_from_data(config: Config) -> Domain:
     """Fills what a run takes from its data when it starts, saved with it so that inference never
     reads the training data: the domain's data-dependent options and the model's class names."""
-    domain = get_domain(config.domain)
+    domain = spec_for(config)
     if domain.resolve is not None:
         domain.resolve(config)
     config.model.class_names = class_names(config)

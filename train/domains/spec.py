@@ -94,9 +94,31 @@ class Domain:
     """Further presets `<name>-<variant>-<size>`: variant -> (size name -> config values applied
     after the size's), for a second job of the domain (merch's `shelf`: the facing detector)."""
 
+    tasks: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """Jobs of one domain that need other code (merch's `recognition` and `shelf`): task name -> the
+    spec's fields that differ for it (its model, its records, its evaluator, its inference module).
+    The options' field `task_option` names a run's task; `task_spec` gives the spec it runs with."""
+    task_option: str = "task"
+
     def __getattribute__(self, name: str) -> Any:
         value = object.__getattribute__(self, name)
         return value.load() if isinstance(value, Later) else value
 
     def inference_module(self) -> ModuleType | Any:
         return importlib.import_module(self.inference) if isinstance(self.inference, str) else self.inference
+
+
+def task_spec(domain: Domain, options: Any) -> Domain:
+    """The spec a run of `domain` runs with: the domain's own, with the fields of the task its
+    `options` (an options dataclass, or a saved config's mapping of them) name."""
+    if not domain.tasks:
+        return domain
+    if isinstance(options, Mapping):
+        defaults = {field.name: field.default for field in dataclasses.fields(domain.options)}
+        task = options.get(domain.task_option, defaults.get(domain.task_option))
+    else:
+        task = getattr(options, domain.task_option)
+    if task not in domain.tasks:
+        raise ValueError(f"{domain.name}.{domain.task_option}={task!r} is not one of {', '.join(domain.tasks)}")
+    fields = {f.name: object.__getattribute__(domain, f.name) for f in dataclasses.fields(domain)}
+    return Domain(**{**fields, **domain.tasks[task], "tasks": {}})

@@ -24,7 +24,7 @@ from triskele.mesh.shape import ModelShape
 from triskele.mesh.spec import MESH_AXES, MeshSpec
 from triskele.train.config.schema import Config
 from triskele.train.config.validate import validate
-from triskele.train.domains import get_domain
+from triskele.train.domains import spec_for
 from triskele.train.precision import activation_bytes, matmul_dtype
 
 PLANNED_BACKEND = "gpu"
@@ -61,7 +61,7 @@ class AbstractModel:
 
 
 def abstract_model(config: Config) -> AbstractModel:
-    module = nnx.eval_shape(lambda: get_domain(config.domain).build_model(config, nnx.Rngs(params=0), 1))
+    module = nnx.eval_shape(lambda: spec_for(config).build_model(config, nnx.Rngs(params=0), 1))
     return AbstractModel(config, module, nnx.state(module, nnx.Param))
 
 

@@ -13,17 +13,17 @@ import numpy as np
 from PIL import Image, ImageDraw
 from triskele.eval.domains.merch.gallery import (
     build_gallery,
-    carried,
     carry_files,  # noqa: F401 - the inference module's hook for exports and quantized copies (eval.export)
     gallery_command_for,
     nearest_skus,
-    refresh_gallery,
+    refresh_before_predict,
     run_gallery,
 )
 from triskele.eval.domains.merch.legend import font, with_legend
 from triskele.eval.domains.merch.units import planogram_units
 from triskele.train.commands import Command
 from triskele.train.config.schema import InputLimits
+from triskele.train.data.images import read_image
 from triskele.train.domains.merch.data import EMPTY
 
 STATUSES = {"ok": ((34, 160, 60), "ok"), "wrong_sku": ((220, 30, 30), "wrong SKU"),
@@ -243,15 +243,12 @@ def _similarity(row: dict[str, Any]) -> str:
 
 
 def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> Any:
-    """MerchIO, or a facing detector's ShelfIO (`shelf`). `workdir`: the run's folder, where
-    the gallery index is kept (merch has no predict flags);
-    an exported model alone reads the index it carries. `meta` with the model's `identity` refuses
-    an index built by another model; `meta['limits']`: the input limits (default `InputLimits()`)."""
+    """The recogniser's MerchIO (a facing detector's is `triskele.eval.domains.merch.shelf`'s).
+    `workdir`: the run's folder, where the gallery index is kept; an exported model alone reads the
+    index it carries. `meta` with the model's `identity` refuses an index built by another model;
+    `meta['limits']`: the input limits (default `InputLimits()`). The predict flags are the
+    detector's: one given is refused."""
     given = {name: value for name, value in options.items() if value is not None}
-    if meta.get("options", {}).get("task") == "shelf":
-        from triskele.eval.domains.merch.shelf import ShelfIO
-
-        return ShelfIO(meta, workdir, meta.get("limits"), given)
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in sorted(given))
         raise ValueError(f"{flags}: for a facing-detector run's shelf photos (merch.task=shelf); this run recognises "
@@ -259,12 +256,12 @@ def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | No
     return MerchIO(meta, workdir, meta.get("limits"))
 
 
-def _refresh(model, workdir: Path | None) -> dict[str, Any] | None:
-    """`refresh_gallery` on the run's folder, or on an exported model's carried run files."""
-    return refresh_gallery(model, workdir if workdir is not None else carried(model.meta))
+def reference_embeddings(model: Any, files: list[Path]) -> np.ndarray:
+    """The recogniser's embedding of each reference image (what `gallery` indexes)."""
+    return model(np.stack([read_image(p, model.meta["image_size"], 3) for p in files]))["embedding"]
 
 
-before_predict = _refresh
+before_predict = refresh_before_predict
 """What `triskele.eval.prediction.predict` runs first with the model: a stale gallery index rebuilt."""
 
 

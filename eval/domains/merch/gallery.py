@@ -23,18 +23,15 @@ def build_gallery(model, input_dir: Path, workdir: Path) -> dict[str, Any]:
     a LiveModel or an ExportedModel."""
     from triskele.eval.model import input_preprocessing
     from triskele.train.bookkeeping.files import write_atomically
-    from triskele.train.data.images import read_image
     from triskele.train.domains.merch.data import class_folders
 
     classes = class_folders(Path(input_dir))
     names = [name for name, paths in classes.items() for _ in paths]
     files = [p for paths in classes.values() for p in paths]
-    if model.meta.get("options", {}).get("task") == "shelf":  # the facing detector's own embedding
-        from triskele.eval.domains.merch.references import detector_gallery
+    from triskele.train.domains import spec_of
 
-        embeddings = detector_gallery(model, files)
-    else:
-        embeddings = model(np.stack([read_image(p, model.meta["image_size"], 3) for p in files]))["embedding"]
+    task = spec_of(model.meta["domain"], model.meta.get("options", {}))
+    embeddings = task.inference_module().reference_embeddings(model, files)  # the recogniser's or the detector's
     built_with = {"model": model.identity, "preprocessing": input_preprocessing(model.meta),
                   "references": str(Path(input_dir).resolve())}
     buffer = io.BytesIO()
@@ -114,6 +111,11 @@ def gallery_command_for(meta: dict[str, Any], workdir: Path | None) -> str:
     source = meta.get("source", "RUN")
     return (f"python -m triskele.eval gallery --workdir {source} --input REFERENCE_FOLDER, then export again (the "
             f"export carries it) or predict with --workdir {source} beside --exported")
+
+
+def refresh_before_predict(model: Any, workdir: Path | None) -> dict[str, Any] | None:
+    """`refresh_gallery` on the run's folder, or on an exported model's carried run files."""
+    return refresh_gallery(model, workdir if workdir is not None else carried(model.meta))
 
 
 def carried(meta: dict[str, Any]) -> Path | None:

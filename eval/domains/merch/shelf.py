@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
+from triskele.eval.domains.merch.gallery import refresh_before_predict
+from triskele.eval.domains.merch.references import detector_gallery
 from triskele.train.config.schema import InputLimits
 from triskele.train.data.images import exif_note
 from triskele.train.domains.merch.alignment import GAP_FILL, STATUSES, near_skus, shelf_facings, shelf_report
@@ -209,3 +211,19 @@ class ShelfIO:
                                                                    for s in STATUSES],
                     f"{r['score']:.4f}" if "score" in r else ""] for r in rows])
         return ["compliance.csv"]
+
+
+def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | None = None) -> ShelfIO:
+    """The facing detector's ShelfIO, with the predict flags given (`shelf_scale`, the thresholds)."""
+    return ShelfIO(meta, workdir, meta.get("limits"), {name: value for name, value in options.items()
+                                                       if value is not None})
+
+
+reference_embeddings = detector_gallery
+"""The detector's own embedding of each reference image (what `gallery` indexes for a shelf run)."""
+
+before_predict = refresh_before_predict
+"""A stale gallery index rebuilt before predicting, as for the recogniser."""
+
+COMMANDS: dict[str, Any] = {}
+"""merch's commands (`gallery`) are its recognition module's, which the command line lists."""

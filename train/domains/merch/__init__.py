@@ -14,9 +14,6 @@ if TYPE_CHECKING:
     from triskele.train.data.pipeline import Source
 
 
-TASKS = ("recognition", "shelf")
-
-
 @dataclasses.dataclass
 class MerchOptions:
     num_skus: int = 100
@@ -48,13 +45,6 @@ class MerchOptions:
     `unknown_threshold` metric; 0.5 for a step saved unevaluated)."""
 
 
-def _check_task(config) -> str:
-    task = config.options.task
-    if task not in TASKS:
-        raise ValueError(f"merch.task={task!r} is not one of {', '.join(TASKS)}")
-    return task
-
-
 def shelf_preset(size: str) -> dict:
     """merch-shelf-<size>: the facing detector on synthetic shelf photos, selected on AP."""
     if size == "tiny":
@@ -71,7 +61,8 @@ PACK_KEYS = ("merch.task", "model.image_size", "data.val_fraction")
 """What shapes a product crop before augmentation (its classes are the run's, from the pack's manifest)."""
 
 
-def open_split(config, split: str) -> Source:
+def open_products(config, split: str) -> Source:
+    """The recogniser's records: product crops (a packed tree, a folder tree, or synthetic)."""
     import jax
     from triskele.train.data.packed import is_packed
     from triskele.train.domains.merch.data import ProductImages, SyntheticRetail
@@ -80,31 +71,10 @@ def open_split(config, split: str) -> Source:
         from triskele.train.data.packed import open_packed
         from triskele.train.domains.merch.data import PackedProducts
 
-        if _check_task(config) == "shelf":
-            raise ValueError(f"data.path {config.data.path} is packed, and shelf photos (merch.task=shelf) are read "
-                             "from their tree only; give the tree")
         packed = PackedProducts(open_packed(config, split, PACK_KEYS))
         if jax.process_index() == 0:
             print(packed.report(), flush=True)
         return packed
-    if _check_task(config) == "shelf":
-        from triskele.train.domains.merch.shelf_photos import ShelfPhotos
-
-        if config.data.path:
-            from triskele.train.domains.merch.shelf_files import ShelfPhotoFiles
-
-            m = config.options
-            photos = ShelfPhotoFiles(config.data.path, split, config.model.image_size, scale=m.shelf_scale,
-                                     overlap=m.tile_overlap, max_boxes=m.max_boxes, num_skus=m.num_skus,
-                                     skip=config.data.bad_records == "skip", limits=config.limits)
-            left_out = photos.annotations.problems
-            if left_out and jax.process_index() == 0:
-                print(f"{split}: {len(left_out)} annotation rows left out (data.bad_records=skip), the first: "
-                      f"{left_out[0]}", flush=True)
-            return photos
-        size = config.data.train_size if split == "train" else config.data.eval_size
-        return ShelfPhotos(split, size, config.model.image_size, seed=config.run.seed, skus=config.options.num_skus,
-                           max_boxes=config.options.max_boxes, min_facings=config.options.min_facings)
     if config.data.path:
         files = ProductImages(config.data.path, split, config.model.image_size, classes=_classes(config),
                               val_fraction=config.data.val_fraction, limits=config.limits)
@@ -116,11 +86,34 @@ def open_split(config, split: str) -> Source:
                            train_skus=config.options.num_skus)
 
 
+def open_shelf_photos(config, split: str) -> Source:
+    """The facing detector's records: shelf photos with their boxes (an annotated tree, or synthetic)."""
+    import jax
+    from triskele.train.data.packed import is_packed
+    from triskele.train.domains.merch.shelf_photos import ShelfPhotos
+
+    if is_packed(config.data.path):
+        raise ValueError(f"data.path {config.data.path} is packed, and shelf photos (merch.task=shelf) are read "
+                         "from their tree only; give the tree")
+    m = config.options
+    if config.data.path:
+        from triskele.train.domains.merch.shelf_files import ShelfPhotoFiles
+
+        photos = ShelfPhotoFiles(config.data.path, split, config.model.image_size, scale=m.shelf_scale,
+                                 overlap=m.tile_overlap, max_boxes=m.max_boxes, num_skus=m.num_skus,
+                                 skip=config.data.bad_records == "skip", limits=config.limits)
+        left_out = photos.annotations.problems
+        if left_out and jax.process_index() == 0:
+            print(f"{split}: {len(left_out)} annotation rows left out (data.bad_records=skip), the first: "
+                  f"{left_out[0]}", flush=True)
+        return photos
+    size = config.data.train_size if split == "train" else config.data.eval_size
+    return ShelfPhotos(split, size, config.model.image_size, seed=config.run.seed, skus=m.num_skus,
+                       max_boxes=m.max_boxes, min_facings=m.min_facings)
+
+
 def read_class_names(config) -> list[str]:
-    """The training split's class folders on disk, or `sku<i>` and `empty` (synthetic); the
-    detector's one class, `facing`."""
-    if _check_task(config) == "shelf":
-        return ["facing"]
+    """The training split's class folders on disk, or `sku<i>` and `empty` (synthetic)."""
     if config.data.path:
         from triskele.train.data.packed import is_packed, read_manifest
         from triskele.train.domains.merch.data import training_classes
@@ -137,15 +130,26 @@ def _classes(config) -> list[str]:
     return list(saved) if saved is not None else read_class_names(config)
 
 
-def build_model(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer | FacingDetector:
-    from triskele.models.merch import FacingDetector, SkuRecognizer
+def build_recognizer(config, rngs: nnx.Rngs, stages: int) -> SkuRecognizer:
+    from triskele.models.merch import SkuRecognizer
     from triskele.train.backbone import vit_config
 
-    if _check_task(config) == "shelf":
-        m = config.options
-        return FacingDetector(vit_config(config, stages), max_boxes=m.max_boxes, max_detections=m.max_detections,
-                              num_classes=m.num_skus, rngs=rngs)
     return SkuRecognizer(vit_config(config, stages), len(_classes(config)), rngs=rngs)
+
+
+def build_detector(config, rngs: nnx.Rngs, stages: int) -> FacingDetector:
+    from triskele.models.merch import FacingDetector
+    from triskele.train.backbone import vit_config
+
+    m = config.options
+    return FacingDetector(vit_config(config, stages), max_boxes=m.max_boxes, max_detections=m.max_detections,
+                          num_classes=m.num_skus, rngs=rngs)
+
+
+SHELF_TASK = {"build_model": build_detector, "open_split": open_shelf_photos, "class_names": lambda config: ["facing"],
+              "evaluator": Later("triskele.train.domains.merch.evaluator", "ShelfEvaluator"),
+              "inference": "triskele.eval.domains.merch.shelf"}
+"""merch.task=shelf: the dense facing detector of shelf photos (its one class, `facing`)."""
 
 
 SPEC = Domain(
@@ -153,8 +157,8 @@ SPEC = Domain(
     options=MerchOptions,
     preset={"model.channels": 3, "data.train_size": 20000, "data.eval_size": 1200, "run.steps": 1200,
             "run.eval_every": 600},
-    build_model=build_model, open_split=open_split, class_names=read_class_names,
-    evaluator=Later("triskele.train.domains.merch.evaluator", "merch_evaluator"),
+    build_model=build_recognizer, open_split=open_products, class_names=read_class_names,
+    evaluator=Later("triskele.train.domains.merch.evaluator", "MerchEvaluator"),
     metric_names=Later("triskele.train.domains.merch.evaluator", "METRIC_NAMES"),
     inference="triskele.eval.domains.merch", eval_commands=("gallery",),
     predict_flags=(Flag("--shelf-scale", "facing-detector runs: resize each photo by this before tiling (default: "
@@ -168,4 +172,5 @@ SPEC = Domain(
     resume_options=("score_threshold", "shelf_scale", "tile_overlap", "unknown_threshold"), pack_keys=PACK_KEYS,
     chosen_by_evaluation={"score_threshold": 0.3, "unknown_threshold": 0.5},
     variants={"shelf": shelf_preset},
+    tasks={"recognition": {}, "shelf": SHELF_TASK},
 )

@@ -14,7 +14,7 @@ from triskele.train.bookkeeping.stop import StopRequest
 from triskele.train.data.pipeline import Source
 from triskele.train.domains.merch import compliance_metrics, detection_metrics, recognition_metrics
 from triskele.train.domains.merch.metrics import NAMES, at_k, facings, metrics, violations
-from triskele.train.evaluator import BatchEvaluator, Evaluator
+from triskele.train.evaluator import BatchEvaluator
 
 K = 5
 """Ranks the recognition picture shows: the 5 a closed-set record keeps."""
@@ -127,12 +127,6 @@ class ShelfEvaluator(BatchEvaluator):
         if hasattr(source, "photo"):
             totals["planograms"] = np.array([json.dumps(source.photo(i).planogram) for i in range(len(source))])
         return totals
-
-
-def merch_evaluator(parts: Any, for_report: bool = False) -> Evaluator:
-    """The recogniser's evaluator, or the detector's for a `merch.task=shelf` run."""
-    cls = ShelfEvaluator if parts.config.options.task == "shelf" else MerchEvaluator
-    return cls(parts, for_report)
 
 
 METRIC_NAMES = NAMES + detection_metrics.NAMES + recognition_metrics.NAMES + compliance_metrics.NAMES
