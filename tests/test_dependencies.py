@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("mesh", "models", "train", "eval", "tests", "bench")
+SCANNED = ("mesh", "models", "train", "eval", "tests", "bench", "tools")
 """The folders whose imports a user's environment must satisfy."""
 
 
@@ -28,13 +28,14 @@ def normalized(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-def declared_distributions(pyproject: str) -> set[str]:
-    """Every distribution the base dependencies and any extra declare (self-references such as
-    `triskele[landmarks]` are followed through the extras they name)."""
+def declared_distributions(pyproject: str, extras: tuple[str, ...] | None = None) -> set[str]:
+    """Every distribution the base dependencies and the `extras` (default: all) declare (self-references
+    such as `triskele[landmarks]` are followed through the extras they name)."""
     project = tomllib.loads(pyproject)["project"]
     requirements = list(project.get("dependencies", []))
-    for extra in project.get("optional-dependencies", {}).values():
-        requirements += extra
+    for name, extra in project.get("optional-dependencies", {}).items():
+        if extras is None or name in extras:
+            requirements += extra
     names = {normalized(re.match(r"[A-Za-z0-9_.-]+", requirement).group()) for requirement in requirements}
     return names - {normalized(project["name"])}
 
@@ -42,17 +43,17 @@ def declared_distributions(pyproject: str) -> set[str]:
 def local_modules() -> set[str]:
     """Names that resolve inside the checkout: the package, and the modules that tests, benches and
     fixture scripts import from their own folders (put on `sys.path` by pytest or by the script)."""
-    names = {"triskele"}
+    names = {"triskele", "tools"}
     for folder in ("tests", "tests/fixtures", "bench"):
         names.update(path.stem for path in (ROOT / folder).glob("*.py"))
     return names
 
 
-def third_party_imports() -> dict[str, set[str]]:
+def third_party_imports(folders: tuple[str, ...] = SCANNED) -> dict[str, set[str]]:
     """Top-level import name -> the files (relative to the checkout) that import it."""
     stdlib, local = set(sys.stdlib_module_names), local_modules()
     found: dict[str, set[str]] = {}
-    for folder in SCANNED:
+    for folder in folders:
         for path in sorted((ROOT / folder).rglob("*.py")):
             tree = ast.parse(path.read_text(), filename=str(path))
             for node in ast.walk(tree):
@@ -85,9 +86,10 @@ def import_providers() -> dict[str, set[str]]:
     return providers
 
 
-def undeclared_imports(pyproject: str, imports: dict[str, set[str]]) -> dict[str, str]:
-    """Import name -> why no declared distribution provides it (empty when all are declared)."""
-    declared = declared_distributions(pyproject)
+def undeclared_imports(pyproject: str, imports: dict[str, set[str]], extras: tuple[str, ...] | None = None,
+                       ) -> dict[str, str]:
+    """Import name -> why no distribution the base and `extras` (default: all) declare provides it."""
+    declared = declared_distributions(pyproject, extras)
     providers = import_providers()
     missing = {}
     for name, files in sorted(imports.items()):
@@ -118,3 +120,13 @@ def test_a_removed_declaration_is_reported():
         missing = undeclared_imports(without, imports)
         assert set(missing) == {import_name}, missing
         assert distribution in missing[import_name].lower()
+
+
+def test_the_package_needs_only_its_base_dependencies():
+    """`pip install -e .` trains, evaluates, predicts, exports and serves: the package's own imports
+    (mesh, models, train, eval) are the base dependencies', and the landmarks extra's where deepfake
+    preparation aligns faces with it (an optional import); torch and transformers are the tests'."""
+    imports = third_party_imports(("mesh", "models", "train", "eval"))
+    missing = undeclared_imports((ROOT / "pyproject.toml").read_text(), imports, extras=("landmarks",))
+    assert not missing, "the package imports what only an extra declares:\n" + "\n".join(missing.values())
+    assert not {"torch", "transformers", "tritonclient", "requests"} & set(imports), sorted(imports)
