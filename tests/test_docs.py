@@ -5,6 +5,7 @@ running and testing, the quickstart's commands in its first 120 lines; `mkdocs b
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,24 @@ def test_the_docs_site_builds_strictly(tmp_path):
     built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
     pages = {p.relative_to(ROOT / "docs").with_suffix("").as_posix() for p in (ROOT / "docs").rglob("*.md")}
     assert {f"{page}/index.html" for page in pages if page != "index"} <= built, "a page is missing from the site"
+
+
+def test_every_command_block_is_run_by_a_test_or_says_what_it_needs():
+    """A ```bash block is a command a reader will type: the line before it names the test (or the CI
+    script) that runs it, or what it needs that this machine lacks. Usage synopses are ```text."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    unmarked, missing = [], []
+    for page in pages:
+        lines = page.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if line.strip() != "```bash":
+                continue
+            before = next((text for text in reversed(lines[:number]) if text.strip()), "")
+            marker = re.fullmatch(r"<!-- command: (run by (?P<runner>\S+)|needs .+) -->", before.strip())
+            where = f"{page.relative_to(ROOT)}:{number + 1}"
+            if marker is None:
+                unmarked.append(where)
+            elif marker.group("runner") and not (ROOT / marker.group("runner")).is_file():
+                missing.append(f"{where}: {marker.group('runner')}")
+    assert not unmarked, f"command blocks without a runner or a need: {unmarked}"
+    assert not missing, f"command blocks naming a runner that does not exist: {missing}"
