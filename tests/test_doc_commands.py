@@ -25,7 +25,6 @@ PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 MARKER = re.compile(r"<!-- command: (?P<what>[^>]*?) -->\n```(?P<lang>\w+)\n(?P<body>.*?)```", re.S)
 RUN_HERE = "run by tests/test_doc_commands.py"
 
-pytestmark = pytest.mark.slow
 
 
 def command_blocks(pages=PAGES) -> list[tuple[str, int, str, str]]:
