@@ -1,4 +1,4 @@
-"""The layout rules of DESIGN.md ("The house"), read from the source with `ast`.
+"""The layout rules of docs/development.md ("Layout"), read from the source with `ast`.
 
 Nothing here imports the package (no JAX; the whole file runs in well under a second). Every
 checker takes the root of a source tree, so that each rule is also run over a small synthetic tree
