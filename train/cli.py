@@ -139,10 +139,17 @@ def _pack() -> Command:
     return PACK
 
 
-COMMANDS = LazyCommands({"plan": _plan, "prepare": lambda: PREPARE, "pack": _pack})
+def _status() -> Command:
+    from triskele.train.tools.status import STATUS
+
+    return STATUS
+
+
+COMMANDS = LazyCommands({"plan": _plan, "prepare": lambda: PREPARE, "pack": _pack, "status": _status})
 SUMMARY = (f"Train a triskele preset. With no arguments: {DEFAULT_PRESET} on synthetic data, local devices. "
            "Commands: `plan` (the mesh planner), `prepare DOMAIN` (raw data into a domain's layout), `pack` (a "
-           "tree into ArrayRecord shards of decoded records); each with --help.")
+           "tree into ArrayRecord shards of decoded records), `status` (whether a run has reached its last step); "
+           "each with --help.")
 
 
 def main(argv: list[str] | None = None) -> int:
