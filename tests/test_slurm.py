@@ -180,3 +180,17 @@ def test_a_bad_config_fails_once_and_is_not_requeued(slurm, tmp_path):
     assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("FAILED", "2:0", "0"), state
     log = Path(f"{workdir}.log").read_text()
     assert "optim.lr" in log and "the run failed (exit 2): not requeued" in log
+
+
+def test_a_cancelled_job_saves_and_is_not_requeued(slurm, tmp_path):
+    """`scancel JOB` ends the job: the batch shell, which survives a SIGTERM so that a preempted run
+    can requeue, reads the job's state and does not requeue a cancelled one."""
+    workdir = tmp_path / "run"
+    job_id = submit(workdir)
+    logged_step(workdir, 3)
+    subprocess.run(["scancel", job_id], check=True)
+    state = ended(job_id)
+    assert (state["JobState"], state["Restarts"]) == ("CANCELLED", "0"), state
+    time.sleep(5)
+    assert job(job_id)["JobState"] == "CANCELLED"
+    assert "the job was cancelled (scancel): not requeued" in Path(f"{workdir}.log").read_text()
