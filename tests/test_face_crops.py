@@ -75,7 +75,7 @@ def predicted_faces(workdir, video, out):
 @pytest.mark.parametrize("face_crops", ["box", None], ids=["box", "saved-before-the-key"])
 def test_a_box_run_predicts_on_box_crops_with_the_extra_installed(run, video, tmp_path, face_crops):
     workdir, saved = run_saved_with(run, tmp_path / "run", face_crops)
-    assert config_from_dict(saved).deepfake.face_crops == "box"
+    assert config_from_dict(saved).options.face_crops == "box"
     for crop, box, frame in predicted_faces(workdir, video, tmp_path):
         np.testing.assert_array_equal(crop, crop_face(frame, box))
 
@@ -114,7 +114,7 @@ def test_a_run_saved_before_the_key_reads_as_box_and_resumes_recording_its_data(
     now = json.loads((run / "config.json").read_text())
     before = json.loads(json.dumps(now))
     del before["deepfake"]["face_crops"]
-    assert config_from_dict(before).deepfake.face_crops == "box"
+    assert config_from_dict(before).options.face_crops == "box"
     assert changed_keys(before, config_from_dict(now)) == []  # a record of the data: the relaunch records auto
 
 

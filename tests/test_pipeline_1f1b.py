@@ -22,7 +22,7 @@ from triskele.mesh.schedule import SCHEDULES, bubble_fraction, ring_slots, sched
 from triskele.mesh.spec import MeshSpec
 from triskele.train import train
 from triskele.train.config.migrations import config_from_dict
-from triskele.train.config.schema import Config
+from triskele.train.config.overrides import make_config
 from triskele.train.data.pipeline import TrainStepLoader
 from triskele.train.precision import activation_bytes
 from triskele.train.run import prepare
@@ -168,7 +168,7 @@ def test_a_circular_checkpoint_resumes_under_1f1b_on_another_mesh(trajectories, 
 
 
 def test_a_config_saved_before_the_schedule_existed_loads_as_circular():
-    saved = Config().to_dict()
+    saved = make_config("mars-tiny").to_dict()
     del saved["pipeline"]["schedule"]
     assert config_from_dict(saved).pipeline.schedule == "circular"
 

@@ -249,7 +249,7 @@ def test_the_shelf_preset_is_the_detector_and_a_bad_task_is_named(tmp_path, caps
     config = make_config("merch-shelf-tiny")
     assert (config.options.task, config.checkpoint.best_metric, config.model.image_size) == ("shelf", "ap", 256)
     assert config.checkpoint.best_mode == "max"  # the checkpoint kept is the highest AP's
-    assert make_config("merch-tiny").merch.task == "recognition"
+    assert make_config("merch-tiny").options.task == "recognition"
     assert train_main(["--preset", "merch-tiny", "--workdir", str(tmp_path), "--set", "merch.task=shelves",
                        "--steps", "1", "--no-progress"]) == 2
     assert "merch.task='shelves' is not one of recognition, shelf" in capsys.readouterr().err
@@ -259,7 +259,7 @@ def test_a_photo_with_more_facings_than_the_padding_is_an_error():
     source = make_config("merch-shelf-tiny", {"merch.max_boxes": 10})
     from triskele.train.domains.merch.shelf_photos import ShelfPhotos
 
-    photos = ShelfPhotos("train", 4, 128, max_boxes=source.merch.max_boxes)
+    photos = ShelfPhotos("train", 4, 128, max_boxes=source.options.max_boxes)
     with pytest.raises(ValueError, match=r"synthetic shelf photo train/0 holds \d+ facings, more than "
                                          r"merch.max_boxes=10; raise merch.max_boxes to at least \d+"):
         photos.load(0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,7 +152,7 @@ def test_a_task_killed_with_sigkill_requeues_the_job_from_the_last_complete_chec
     state = ended(job_id)
     assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), state
     log = Path(f"{workdir}.log").read_text()
-    resumed = int(log.split("resuming at step ")[1].split()[0])
+    resumed = int(re.search(r"resuming at step (\d+) to", log).group(1))
     assert resumed - 1 in (10, 20, 30), log[-3000:]  # a complete periodic checkpoint
     assert_same_losses(losses(workdir), uninterrupted)
 
@@ -169,7 +170,7 @@ def test_a_sigterm_to_the_batch_shell_and_every_step_loses_the_steps_since_the_l
     state = ended(job_id)
     assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), state
     log = Path(f"{workdir}.log").read_text()
-    resumed = int(log.split("resuming at step ")[1].split()[0])
+    resumed = int(re.search(r"resuming at step (\d+) to", log).group(1))
     assert resumed - 1 in (10, 20, 30), log[-3000:]
     assert_same_losses(losses(workdir), uninterrupted)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
+from triskele.eval.domains.merch.gallery import carry_files as gallery_files
 from triskele.eval.domains.merch.gallery import refresh_before_predict
 from triskele.eval.domains.merch.references import detector_gallery
 from triskele.train.config.schema import InputLimits
@@ -221,6 +222,9 @@ def predict_io(meta: dict[str, Any], options: dict[str, Any], workdir: Path | No
 
 reference_embeddings = detector_gallery
 """The detector's own embedding of each reference image (what `gallery` indexes for a shelf run)."""
+
+carry_files = gallery_files
+"""Export's hook: the run's gallery index travels with an exported detector, as with the recogniser."""
 
 before_predict = refresh_before_predict
 """A stale gallery index rebuilt before predicting, as for the recogniser."""
