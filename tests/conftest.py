@@ -16,11 +16,12 @@ enable_compilation_cache()
 
 SLOW_MODULES = frozenset({
     "test_cross_dataset", "test_deepfake_eval", "test_doc_commands", "test_domain_commands", "test_domains",
-    "test_export", "test_face_crops", "test_faults", "test_inference", "test_interrupt", "test_mars_eval",
-    "test_merch", "test_multihost", "test_no_false_warnings", "test_notebook", "test_packed", "test_pipeline_1f1b",
-    "test_precision", "test_pretrained", "test_quantize", "test_read_only_store", "test_readme_examples",
-    "test_relaunch", "test_restore_order", "test_serve", "test_serve_drain", "test_serve_limits", "test_serve_shelf",
-    "test_shelf_detector", "test_slurm", "test_training_outputs", "test_videos",
+    "test_export", "test_face_crops", "test_faults", "test_gpu_script", "test_inference", "test_interrupt",
+    "test_mars_eval", "test_merch", "test_multihost", "test_no_false_warnings", "test_notebook", "test_packed",
+    "test_pipeline_1f1b", "test_precision", "test_pretrained", "test_quantize", "test_read_only_store",
+    "test_readme_examples", "test_relaunch", "test_restore_order", "test_serve", "test_serve_drain",
+    "test_serve_limits", "test_serve_shelf", "test_shelf_detector", "test_slurm", "test_training_outputs",
+    "test_videos",
 })
 """Modules that train models, serve them or run commands end to end. `pytest -m "not slow"`, the fast
 lane, leaves them out; every behaviour they check end to end has a unit test in a fast module."""

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from trainutil import small_config
 from triskele.eval.report import evaluate_checkpoint
 from triskele.mesh.perf.hardware import GPUS
@@ -12,6 +13,7 @@ from triskele.train.config.overrides import make_config
 from triskele.train.tools.plan_inputs import plan_inputs
 
 
+@pytest.mark.slow
 def test_auto_mesh_trains_resumes_and_evaluates(tmp_path, devices, capsys):
     config = small_config(mesh="auto", **{"run.steps": 4, "run.eval_every": 0})
     train(config, workdir=tmp_path, progress=False)

@@ -50,6 +50,7 @@ def test_images_per_sec_after_an_evaluation_off_the_log_steps(fake_clock, tmp_pa
         assert record.get("mfu") == first.get("mfu")
 
 
+@pytest.mark.slow
 def test_the_input_wait_is_the_share_of_each_interval_spent_waiting_for_a_batch(fake_clock, monkeypatch, tmp_path):
     """A source 3 s a batch against 1 s steps: the host waits 3 of every 4 s (the first batch, read
     before compiling, is not timed); a source that is always ahead: no wait."""

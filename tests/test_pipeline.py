@@ -102,6 +102,7 @@ def single_device(tmp_path_factory):
     return step_records(workdir)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("pipeline_single_device")  # one worker computes the module fixture once
 @pytest.mark.parametrize("spec", ["pipeline=2,data=4", "pipeline=4,tensor=2", "pipeline=2,data=2,tensor=2"])
 def test_training_on_pipeline_meshes_matches_one_device(spec, single_device, tmp_path, devices):
@@ -129,6 +130,7 @@ def assert_moved_run_continues_the_straight_one(tmp_path, first: str, second: st
     assert_trees_close(final_params(tmp_path / "moved")[0], final_params(tmp_path / "straight")[0], 1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first, second", [("pipeline=2,data=4", "data=8"), ("data=8", "pipeline=2,data=4")])
 def test_checkpoints_move_between_pipeline_and_data_meshes(first, second, tmp_path, devices):
     assert_moved_run_continues_the_straight_one(tmp_path, first, second)

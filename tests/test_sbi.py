@@ -75,6 +75,7 @@ def _high_frequency_energy(image: np.ndarray, where: np.ndarray) -> float:
     return float(((grey - ndimage.gaussian_filter(grey, 1.0))[where] ** 2).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("holdout", [None, "Sharpen"])
 def test_a_fake_twin_is_no_smoother_than_its_real_more_often_than_chance(holdout):
     """With the reference's sub-pixel affine on the fake alone, the fake's inner face was
@@ -213,6 +214,7 @@ alike (the fake's inner face alone resampled: "smoother means fake") it measured
 shortcut, not blending evidence, was most of what this short run had learned."""
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("sbi_run")
 def test_short_sbi_run_detects_held_out_families(tmp_path, devices):
     from triskele.eval.report import evaluate_checkpoint

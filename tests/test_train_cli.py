@@ -82,6 +82,7 @@ def test_evaluation_counts_every_record_once(devices):
     np.testing.assert_array_equal(totals["confusion"].sum(axis=1), truth_counts)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_restorable_checkpoint_and_exits_zero(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     command = [sys.executable, "-m", "triskele.train", "--workdir", str(tmp_path), "--steps", "100000",
@@ -104,6 +105,7 @@ def test_sigterm_saves_a_restorable_checkpoint_and_exits_zero(tmp_path):
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
 
 
+@pytest.mark.slow
 def test_a_run_says_what_it_will_do_before_compiling_and_when_it_evaluates(tmp_path, capsys):
     assert main(["--workdir", str(tmp_path), "--steps", "2", "--mesh", "data=8", *SMALL_FLAGS,
                  "--set", "run.eval_every=2"]) == 0

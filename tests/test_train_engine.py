@@ -40,6 +40,7 @@ def test_mesh_invariance(spec, single_device_run, tmp_path, devices):
     assert reference_records[STEPS]["loss"] < reference_records[1]["loss"]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_step(tmp_path, devices):
     mesh = mesh_of("data=2,fsdp=2,tensor=2")
     config = small_config()
@@ -65,6 +66,7 @@ def test_gradient_accumulation_equals_one_big_step(tmp_path, devices):
     assert_trees_close(final_params(tmp_path / "accum")[0], final_params(tmp_path / "whole")[0], 1e-4)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_trajectory(tmp_path, devices):
     n = 3
     straight = run(tmp_path / "straight", "data=8", **{"run.steps": 2 * n})
@@ -82,6 +84,7 @@ def test_resume_continues_the_same_trajectory(tmp_path, devices):
     assert_trees_close(final_params(tmp_path / "resumed")[0], final_params(tmp_path / "straight")[0], 1e-5)
 
 
+@pytest.mark.slow
 def test_restore_on_another_mesh_reshards(tmp_path, devices):
     n = 3
     config = small_config(**{"run.steps": 2 * n})
@@ -107,6 +110,7 @@ def poison_step(monkeypatch, bad_step: int) -> None:
     monkeypatch.setattr(TrainStepLoader, "__call__", poisoned)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_every, checkpoint_every", [(1, 1), (10, 3)])
 def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(log_every, checkpoint_every, tmp_path,
                                                                               monkeypatch, devices):
@@ -130,6 +134,7 @@ def test_a_diverging_run_stops_naming_the_step(tmp_path, devices):
         run(tmp_path, "data=8", **{"run.steps": 30, "optim.lr": 1e12, "run.log_every": 5})
 
 
+@pytest.mark.slow
 def test_metrics_fetched_at_log_steps_equal_those_fetched_every_step(tmp_path, devices):
     """The loop fetches step metrics only at log steps; the logged values are the same numbers."""
     run(tmp_path / "every", "data=8", **{"run.steps": 6, "run.log_every": 1})
