@@ -70,12 +70,20 @@ def ended(job_id: str, timeout: float = 900) -> dict[str, str]:
 
 
 def requeued(job_id: str) -> None:
-    """Waits until the job has been requeued, then lets it start at once (SLURM delays a requeued job)."""
+    """Waits until the job has been requeued and its last allocation has let go of the node, then lets
+    it start (SLURM delays a requeued job about two minutes; one started while its old allocation is
+    still completing is killed: "Job credential revoked")."""
     def pending_again():
         """the job to be requeued"""
         state = job(job_id)
         return int(state.get("Restarts", 0)) >= 1 and state.get("JobState") == "PENDING"
     wait_for(pending_again)
+
+    def node_idle():
+        """the node to be idle"""
+        return subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True).stdout.split() == ["idle"]
+    wait_for(node_idle)
+    time.sleep(5)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
 
 
