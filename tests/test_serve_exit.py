@@ -118,13 +118,15 @@ def test_serve_says_where_it_listens_once_ready_and_refuses_a_port_out_of_range(
     seen = {}
 
     def client():
-        wait_for(lambda: any(line.startswith("listening on ") for line in lines), "the listening line")
-        (line,) = [line for line in lines if line.startswith("listening on ")]
-        seen["line"] = line
-        url = re.match(r"listening on (http://127\.0\.0\.1:\d+) ", line).group(1)
-        seen["ready"] = requests.get(url + "/v2/health/ready", timeout=10).status_code
-        seen["metrics"] = requests.get(url + "/metrics", timeout=10).status_code
-        os.kill(os.getpid(), signal.SIGTERM)
+        try:  # whatever happens here, serve is stopped: a missed line fails the test instead of hanging it
+            wait_for(lambda: any(line.startswith("listening on ") for line in lines), "the listening line")
+            (line,) = [line for line in lines if line.startswith("listening on ")]
+            seen["line"] = line
+            url = re.match(r"listening on (http://127\.0\.0\.1:\d+) ", line).group(1)
+            seen["ready"] = requests.get(url + "/v2/health/ready", timeout=10).status_code
+            seen["metrics"] = requests.get(url + "/metrics", timeout=10).status_code
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     helper = threading.Thread(target=client)
     helper.start()
@@ -133,7 +135,7 @@ def test_serve_says_where_it_listens_once_ready_and_refuses_a_port_out_of_range(
     finally:
         helper.join(60)
         server_module.LOG.removeHandler(handler)
-    assert seen["ready"] == 200 and seen["metrics"] == 200, seen
+    assert seen.get("ready") == 200 and seen.get("metrics") == 200, (seen, lines)
     assert re.fullmatch(r"listening on (http://127\.0\.0\.1:\d+) \(model '\w+'; metrics at \1/metrics\)", seen["line"])
     assert sum(line.startswith("listening on ") for line in lines) == 1
     capsys.readouterr()
