@@ -191,11 +191,11 @@ class _CurrentStderr(logging.StreamHandler):
 
 def _log_to_stderr() -> None:
     """The server's own lines (start, ready, drain, the access log) on stderr, other libraries' as they are."""
-    if not LOG.handlers:
+    LOG.setLevel(logging.INFO)  # whoever else listens (a handler added first) gets the lines too
+    if not any(isinstance(handler, _CurrentStderr) for handler in LOG.handlers):
         handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         LOG.addHandler(handler)
-        LOG.setLevel(logging.INFO)
         LOG.propagate = False
 
 
