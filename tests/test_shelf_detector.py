@@ -250,6 +250,12 @@ def test_the_shelf_preset_is_the_detector_and_a_bad_task_is_named(tmp_path, caps
     assert (config.options.task, config.checkpoint.best_metric, config.model.image_size) == ("shelf", "ap", 256)
     assert config.checkpoint.best_mode == "max"  # the checkpoint kept is the highest AP's
     assert make_config("merch-tiny").options.task == "recognition"
+    from triskele.train.domains import spec_for
+
+    shelf, recognition = spec_for(config), spec_for(make_config("merch-tiny"))
+    assert shelf.class_names(config) == ["facing"] and shelf.inference == "triskele.eval.domains.merch.shelf"
+    assert recognition.class_names(make_config("merch-tiny"))[-1] == "empty"
+    assert recognition.inference == "triskele.eval.domains.merch" and shelf.build_model is not recognition.build_model
     assert train_main(["--preset", "merch-tiny", "--workdir", str(tmp_path), "--set", "merch.task=shelves",
                        "--steps", "1", "--no-progress"]) == 2
     assert "merch.task='shelves' is not one of recognition, shelf" in capsys.readouterr().err
