@@ -2,7 +2,8 @@
 `.ci/slurm.sh start`): mars-tiny on 2 tasks x 2 CPU devices trains as one process does, a job in
 the higher partition preempts it and it comes back by itself, a task killed with SIGKILL requeues it
 from the last complete checkpoint, a SIGTERM to the batch shell and every step (`--full`) costs the
-run its steps since the last periodic checkpoint, and a bad config fails once without requeueing.
+run its steps since the last periodic checkpoint, a job near its time limit saves and comes back for
+the rest, and a bad config fails once without requeueing.
 Without a scheduler these tests skip, saying why."""
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ def slurm() -> dict[str, str]:
     return {"SLURM_CONF": conf}
 
 
-def submit(workdir: Path, *sbatch: str, args: str = ARGS) -> str:
+def submit(workdir: Path, *sbatch: str, args: str = ARGS, steps: int = STEPS) -> str:
     env = {**os.environ, "TRISKELE_PRESET": "mars-tiny", "TRISKELE_MESH": "data=4", "TRISKELE_DCN": "data=2",
-           "TRISKELE_CPU_DEVICES": "2", "TRISKELE_STEPS": str(STEPS), "TRISKELE_ARGS": args,
+           "TRISKELE_CPU_DEVICES": "2", "TRISKELE_STEPS": str(steps), "TRISKELE_ARGS": args,
            "WORKDIR": str(workdir), "TRISKELE_PYTHON": sys.executable}
     done = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
                            f"--output={workdir}.log", *sbatch, str(TEMPLATE)], env=env, capture_output=True,
@@ -181,6 +182,26 @@ def test_a_sigterm_to_the_batch_shell_and_every_step_loses_the_steps_since_the_l
     resumed = int(re.search(r"resuming at step (\d+) to", log).group(1))
     assert resumed - 1 in (10, 20, 30), log[-3000:]
     assert_same_losses(losses(workdir), uninterrupted)
+
+
+def test_a_time_limit_saves_before_it_and_the_run_completes_over_several_allocations(slurm, tmp_path):
+    """`--time=2 --signal=TERM@60`: SLURM signals the steps a minute before the limit (or up to a minute
+    sooner), every task saves the same step and exits 0, the job requeues itself, and the next allocation
+    resumes there; the run is longer than one allocation's minute, so it needs at least two."""
+    steps = 240
+    workdir = tmp_path / "run"
+    job_id = submit(workdir, "--time=2", "--signal=TERM@60", steps=steps)
+    requeued(job_id)
+    state = ended(job_id)
+    assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), state
+    assert int(state["Restarts"]) >= 1, state
+    log = Path(f"{workdir}.log").read_text()
+    saved = [int(step) for step in re.findall(r"sigterm: step (\d+) of", log)]
+    resumed = [int(step) for step in re.findall(r"resuming at step (\d+) to", log)]
+    assert saved and [step + 1 for step in saved[:len(resumed)]] == resumed, log[-3000:]
+    assert "DUE TO TIME LIMIT" not in log, log[-3000:]  # saved and requeued before the limit
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [row["step"] for row in rows if "loss" in row] == list(range(1, steps + 1))
 
 
 def test_a_bad_config_fails_once_and_is_not_requeued(slurm, tmp_path):

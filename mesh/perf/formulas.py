@@ -20,7 +20,13 @@ from triskele.mesh.spec import MeshSpec
 def block_forward_flops(shape: ModelShape) -> float:
     """One transformer block on one image: QKV, scores, weighted values, out projection, MLP."""
     t, d, m = shape.tokens, shape.width, shape.mlp_dim
-    return 2.0 * t * (4 * d * d + 2 * d * m) + 4.0 * t * t * d
+    return 2.0 * t * (4 * d * d + 2 * d * m) + attention_forward_flops(shape)
+
+
+def attention_forward_flops(shape: ModelShape) -> float:
+    """The attention's own matmuls in one block on one image: scores (Q K^T) and weighted values,
+    2 t^2 d each. The one term of a block's FLOPs that grows with the square of the sequence."""
+    return 4.0 * shape.tokens * shape.tokens * shape.width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +35,8 @@ class StepFlops:
 
     blocks: float
     """The transformer blocks: split over every mesh axis (batch shards, tensor, pipeline)."""
+    attention: float
+    """The part of `blocks` in the attention's own matmuls (`attention_forward_flops`)."""
     split: float
     """Head layers sharded over `tensor`: split over the batch shards and tensor."""
     replicated: float
@@ -44,10 +52,24 @@ class StepFlops:
                 + self.replicated / mesh.batch_shards)
 
     def executed_per_device(self, mesh: MeshSpec, microbatches: int = 1, repeats: int = 1,
-                            remat: str = "dots", schedule: str = "circular") -> float:
-        """FLOPs a device executes: the blocks' model FLOPs times `block_passes`."""
-        blocks = self.blocks / mesh.devices * block_passes(mesh.pipeline, repeats, microbatches, remat, schedule)
-        return self.per_device(mesh) - self.blocks / mesh.devices + blocks
+                            remat: str = "dots", schedule: str = "circular", attention: str = "xla") -> float:
+        """FLOPs a device executes: the blocks' model FLOPs times `block_passes`, plus what a fused
+        attention kernel recomputes (`attention_executed_per_device`)."""
+        passes = block_passes(mesh.pipeline, repeats, microbatches, remat, schedule)
+        blocks = self.blocks / mesh.devices * passes
+        recomputed = self.attention_executed_per_device(mesh, microbatches, repeats, remat, schedule, attention) \
+            - self.attention / mesh.devices * passes
+        return self.per_device(mesh) - self.blocks / mesh.devices + blocks + recomputed
+
+    def attention_executed_per_device(self, mesh: MeshSpec, microbatches: int = 1, repeats: int = 1,
+                                      remat: str = "dots", schedule: str = "circular",
+                                      attention: str = "xla") -> float:
+        """The attention matmuls' share of `executed_per_device`. A fused kernel (`attention`
+        "fused": FlashAttention, cuDNN) keeps no probabilities for the backward, which computes the
+        scores again: 14 t^2 d per block and image instead of 12 (7/6)."""
+        recompute = 7 / 6 if attention == "fused" else 1.0
+        return self.attention / mesh.devices * block_passes(mesh.pipeline, repeats, microbatches, remat,
+                                                            schedule) * recompute
 
 
 def block_passes(stages: int, repeats: int, microbatches: int, remat: str, schedule: str = "circular") -> float:
@@ -72,6 +94,7 @@ def forward_flops(shape: ModelShape, records: int) -> StepFlops:
     images = records * shape.images_per_record
     embed = 2.0 * shape.patches * shape.patch_dim * shape.width
     return StepFlops(blocks=images * shape.depth * block_forward_flops(shape),
+                     attention=images * shape.depth * attention_forward_flops(shape),
                      split=records * shape.head_split_flops,
                      replicated=images * embed + records * shape.head_flops)
 
@@ -82,7 +105,7 @@ def train_flops(shape: ModelShape, records: int) -> StepFlops:
     images = records * shape.images_per_record
     no_input_grad = images * 2.0 * shape.patches * shape.patch_dim * shape.width
     no_input_grad += records * shape.head_flops_without_input_grad
-    return StepFlops(blocks=3.0 * forward.blocks, split=3.0 * forward.split,
+    return StepFlops(blocks=3.0 * forward.blocks, attention=3.0 * forward.attention, split=3.0 * forward.split,
                      replicated=3.0 * forward.replicated - no_input_grad)
 
 
@@ -309,14 +332,56 @@ def bounded_activations(shape: ModelShape, mesh: MeshSpec, records: float, activ
 
 def activation_traffic_bytes(shape: ModelShape, images: float, tensor: int = 1, activation_bytes: int = 2,
                              probability_bytes: int = 4) -> float:
-    """HBM bytes the blocks' forward moves besides the weights, per device: each matmul reads its
-    input and writes its output; LayerNorm, GELU and the residual adds read and write theirs
-    (22 t d + 4 t m elements per block and image, of which the LayerNorms' and residual adds'
-    10 t d are whole on every tensor device); the attention probabilities (4 a t^2: scores written,
-    softmax read and written, read by the weighted sum) in `probability_bytes` (XLA's softmax runs
-    in float32; a fused flash-attention kernel would keep them on chip)."""
+    """HBM bytes the blocks' forward moves besides the weights, per device, one pass per op (as
+    hand-fused kernels run it): each matmul reads its input and writes its output; LayerNorm, GELU
+    and the residual adds read and write theirs (22 t d + 4 t m elements per block and image, of
+    which the LayerNorms' and residual adds' 10 t d are whole on every tensor device); the attention
+    probabilities (4 a t^2: scores written, softmax read and written, read by the weighted sum) in
+    `probability_bytes` (0 where a fused attention kernel keeps them on chip)."""
     t, d, m, a = shape.tokens, shape.width, shape.mlp_dim, shape.heads
     split = (12 * t * d + 4 * t * m) * activation_bytes + 4 * a * t * t * probability_bytes
     whole = 10 * t * d * activation_bytes
     return images * shape.depth * (split / tensor + whole)
 
+
+XLA_PASSES = {"none": (152, 41, 16), "dots": (125, 25, 18), "full": (102, 21, 9)}
+"""Passes over each activation of a block that one training step compiled by XLA makes outside the
+matmuls, per image, by remat policy: (t x width arrays, t x mlp arrays, heads x t x t arrays), each
+read or write of a whole array one pass, forward and backward, recomputation and the residuals the
+scan saves (and zero-fills) included. Read off XLA:CPU's optimized HLO of deepfake-tiny's train step
+(width 64, mlp 256, 4 heads, 8 blocks, float32) at 257 tokens: `hlo_counts.elementwise_bytes` per
+instruction, grouped by the shape it moves. Against one pass per op (`activation_traffic_bytes`:
+66, 12 and 12 passes under `dots`) XLA:CPU makes the softmax three passes, keeps the matmul outputs
+`dots` saves in stacked buffers, and lays Q, K and V out again for the attention einsums.
+tests/test_planner.py holds the whole term within 25% of the compiled step's at 65, 257 and 1,025
+tokens. On a GPU XLA fuses at least as much: for a GPU these are an upper bound, not measured."""
+WHOLE_PASSES_SHARE = 10 / 22
+"""Share of the t x width passes on arrays every tensor device holds whole (LayerNorm, residual adds),
+as in one pass per op."""
+RUNTIMES = ("xla", "fused-kernels")
+"""What runs the elementwise ops: XLA's compiled program (`XLA_PASSES`), or hand-fused kernels making
+one pass per op (Megatron-LM, Transformer Engine: `activation_traffic_bytes` forward and twice
+backward, again for what remat recomputes)."""
+ATTENTIONS = ("fused", "xla")
+"""How attention runs: a fused kernel (cuDNN, FlashAttention: the probabilities stay on chip and the
+backward recomputes the scores) or as matmuls and a softmax through HBM."""
+
+
+def training_traffic_bytes(shape: ModelShape, images: float, tensor: int = 1, activation_bytes: int = 2,
+                           probability_bytes: int = 4, remat: str = "dots", runtime: str = "xla",
+                           attention: str = "xla") -> float:
+    """HBM bytes the blocks move outside the matmuls in one training step (forward and backward) on
+    one pass over the layers, per device: by XLA's passes (`XLA_PASSES`) or one pass per op
+    (`RUNTIMES`); the probabilities' passes only where attention runs outside a fused kernel."""
+    if attention not in ATTENTIONS or runtime not in RUNTIMES:
+        raise ValueError(f"attention {attention!r} / runtime {runtime!r}: use one of {ATTENTIONS} / {RUNTIMES}")
+    probability_bytes = probability_bytes if attention == "xla" else 0
+    if runtime == "fused-kernels":
+        forward = activation_traffic_bytes(shape, images, tensor, activation_bytes, probability_bytes)
+        return 3 * forward * block_passes(1, 1, 1, remat)
+    t, d, m, a = shape.tokens, shape.width, shape.mlp_dim, shape.heads
+    width, mlp, probabilities = XLA_PASSES[remat]
+    whole = WHOLE_PASSES_SHARE * width * t * d * activation_bytes
+    split = ((1 - WHOLE_PASSES_SHARE) * width * t * d + mlp * t * m) * activation_bytes \
+        + probabilities * a * t * t * probability_bytes
+    return images * shape.depth * (split / tensor + whole)

@@ -1,5 +1,5 @@
 """HLO counting: what a compiled (SPMD-partitioned, per-device) XLA program does, read from its
-optimized HLO text: matmul FLOPs and collective bytes.
+optimized HLO text: matmul FLOPs, collective bytes, and the memory traffic of everything else.
 
 XLA's own `cost_analysis()` counts the body of a while loop once, whatever its trip count; our
 stacked layers run in a `scan` (a while loop), so it misses (depth - 1) of every layer. This reads
@@ -201,6 +201,8 @@ class ProgramCost:
     collective_bytes: dict[str, float]
     """Bytes sent per collective kind (ring algorithm)."""
     collective_counts: dict[str, int]
+    elementwise_bytes: float = 0.0
+    """Bytes read and written by every instruction outside the matmuls and collectives (`elementwise_bytes`)."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -257,4 +259,86 @@ def program_cost(hlo_text: str, num_devices: int) -> ProgramCost:
             if kind in COLLECTIVES:
                 sent[kind] += times * _collective_bytes(instruction, computation.shapes, num_devices)
                 counts[kind] += times
-    return ProgramCost(flops, dict(sent), dict(counts))
+    return ProgramCost(flops, dict(sent), dict(counts), elementwise_bytes(hlo_text))
+
+
+_NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
+               "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency"}
+_MATMULS = {"dot", "convolution", "custom-call"}
+_SLICES = {"dynamic-slice", "slice"}
+
+
+def _control_flow(computations: dict[str, _Computation], entry: str) -> dict[str, int]:
+    """The computations that run as a program's own steps (the entry, loop bodies and conditions,
+    branches, calls; not fused computations or reducers), with how many times each runs."""
+    times = {entry: 1}
+    order = [entry]
+    while order:
+        name = order.pop(0)
+        for instruction in computations[name].instructions:
+            if instruction.op not in ("while", "conditional", "call"):
+                continue
+            trips = _trip_count(instruction.rest) if instruction.op == "while" else 1
+            for kind, targets in _CALLED.findall(instruction.rest):
+                for target in (t.strip(" {}%") for t in targets.split(",")):
+                    if target in computations and kind != "condition":
+                        times[target] = times.get(target, 0) + times[name] * trips
+                        order.append(target)
+    return times
+
+
+def _fused_traffic(fused: _Computation, operand_shapes: list[str], result: str) -> float:
+    """Bytes a fusion moves: each operand whole, except one read only through slices (the slices'
+    bytes) and the buffer a root dynamic-update-slice writes in place (only the update counts)."""
+    users: dict[str, list[_Instruction]] = defaultdict(list)
+    for instruction in fused.instructions:
+        for operand in _operands(instruction.rest):
+            users[operand].append(instruction)
+    root = fused.instructions[-1] if fused.instructions else None
+    roots = [fused.instructions[-1]] if root is not None and root.op != "tuple" else [
+        i for i in fused.instructions if root is not None and i.name in _operands(root.rest)]
+    in_place = {_operands(r.rest)[0] for r in roots if r.op == "dynamic-update-slice"}
+    written = sum(shape_bytes(fused.shapes.get(_operands(r.rest)[1], "")) if r.op == "dynamic-update-slice"
+                  else shape_bytes(r.shape) for r in roots) if root is not None else shape_bytes(result)
+    read = 0.0
+    parameters = {int(i.rest.split(")")[0]): i.name for i in fused.instructions if i.op == "parameter"}
+    for index, shape in enumerate(operand_shapes):
+        name = parameters.get(index)
+        uses = users.get(name, [])
+        if name in in_place and all(u.op == "dynamic-update-slice" for u in uses):
+            continue
+        if uses and all(u.op in _SLICES and _operands(u.rest)[0] == name for u in uses):
+            read += sum(shape_bytes(u.shape) for u in uses)
+        else:
+            read += shape_bytes(shape)
+    return read + written
+
+
+def elementwise_bytes(hlo_text: str) -> float:
+    """HBM bytes one device's program reads and writes outside its matmuls and collectives: every
+    instruction of the entry, its loops (times their trip counts) and branches, a fusion counted as
+    one (its operands and results; what it computes inside stays on chip), a slice by the bytes it
+    takes, an in-place dynamic-update-slice by its update. This is the traffic the planner prices
+    as time outside the matmuls (`formulas.activation_traffic_bytes`)."""
+    computations, entry = _parse(hlo_text)
+    total = 0.0
+    for name, times in _control_flow(computations, entry).items():
+        computation = computations[name]
+        for instruction in computation.instructions:
+            op = instruction.op.removesuffix("-start")
+            if op in _NO_TRAFFIC or op in _MATMULS or op in COLLECTIVES or instruction.op.endswith("-done"):
+                continue
+            operands = [computation.shapes.get(o, "") for o in _operands(instruction.rest)]
+            if op == "fusion":
+                called = re.search(r"calls=%?([\w.\-]+)", instruction.rest)
+                fused = computations.get(called.group(1)) if called else None
+                if fused is None or any(i.op in _MATMULS for i in fused.instructions):
+                    continue
+                total += times * _fused_traffic(fused, operands, instruction.shape)
+            elif op == "dynamic-update-slice":
+                total += times * 2 * shape_bytes(operands[1])
+            elif op in _SLICES:
+                total += times * 2 * shape_bytes(instruction.shape)
+            else:
+                total += times * (sum(shape_bytes(o) for o in operands) + shape_bytes(instruction.shape))
+    return total

@@ -24,12 +24,12 @@ from triskele.mesh.perf.formulas import (
     ParamBytes,
     StepCollectives,
     StepMemory,
-    activation_traffic_bytes,
     block_passes,
     pipeline_block_gathers,
     step_collectives,
     step_memory,
     train_flops,
+    training_traffic_bytes,
 )
 from triskele.mesh.perf.hardware import Gpu
 from triskele.mesh.schedule import bubble_fraction
@@ -104,6 +104,13 @@ class PlanInputs:
     """Without a pipeline, also try gradient accumulation (`optim.grad_accum`) to fit memory."""
     probability_bytes: int = 4
     """Bytes of an attention probability in HBM (XLA's softmax: float32; Megatron-LM's fused fp16: 2)."""
+    attention: str = "fused"
+    """How attention runs (`formulas.ATTENTIONS`): `fused`, a kernel that keeps the probabilities on
+    chip and recomputes the scores in the backward (what `model.attention=auto` compiles on a GPU in
+    16-bit or FP8); `xla`, matmuls and a softmax whose probabilities pass through HBM."""
+    runtime: str = "xla"
+    """What runs the elementwise ops (`formulas.RUNTIMES`): `xla` (triskele) or `fused-kernels`
+    (Megatron-LM, NeMo: one pass per op)."""
     weight_temporaries: float | None = None
     """Parameter-sized buffers the step holds besides the gradients: None, triskele's compiled
     step's (`formulas.weight_temporaries_on`); 0 for a framework that updates in place, as the
@@ -234,14 +241,26 @@ def records_alive(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, schedul
 def elementwise_seconds(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str,
                         schedule: str = "circular") -> float:
     """Time the blocks spend moving activations through HBM outside the matmuls (LayerNorm, softmax,
-    GELU, residual adds: memory-bound, not overlapped with the matmuls): the forward's traffic
-    (`activation_traffic_bytes`) three times (forward, backward), times the passes the schedule and
-    remat run (`block_passes`), per device."""
+    GELU, residual adds: memory-bound, not overlapped with the matmuls): a step's traffic over its
+    layers (`training_traffic_bytes`), times the passes a pipeline schedule adds (its bubble
+    iterations, `block_passes` relative to no pipeline), per device."""
+    return elementwise_bytes(inputs, mesh, microbatches, repeats, remat, schedule) / inputs.gpu.memory_bandwidth
+
+
+def elementwise_bytes(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str,
+                      schedule: str = "circular") -> float:
+    """The HBM bytes `elementwise_seconds` prices, per device and step."""
     shape = inputs.shape
     images = inputs.global_batch / mesh.batch_shards * shape.images_per_record / mesh.pipeline
-    traffic = activation_traffic_bytes(shape, images, mesh.tensor, inputs.activation_bytes, inputs.probability_bytes)
-    traffic *= 3 * block_passes(mesh.pipeline, repeats, microbatches, remat, schedule)
-    return traffic / inputs.gpu.memory_bandwidth
+    traffic = training_traffic_bytes(shape, images, mesh.tensor, inputs.activation_bytes, inputs.probability_bytes,
+                                     remat, inputs.runtime, inputs.attention)
+    return traffic * block_passes(mesh.pipeline, repeats, microbatches, remat, schedule) / block_passes(1, 1, 1, remat)
+
+
+def attention_dtype(compute: str) -> str:
+    """What the attention's own matmuls run in: FP8 steps keep them in bfloat16 (as cuDNN's and
+    Transformer Engine's FP8 recipes do, and triskele's fp8, which quantises only the Dense layers)."""
+    return "bfloat16" if compute == "fp8" else compute
 
 
 def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int, remat: str,
@@ -264,8 +283,12 @@ def evaluate(inputs: PlanInputs, mesh: MeshSpec, microbatches: int, repeats: int
     pipeline_microbatches = microbatches if mesh.pipeline > 1 else 1
     accumulation = 1 if mesh.pipeline > 1 else microbatches
     runs = "circular" if inputs.megatron_1f1b else schedule  # Megatron-LM's 1F1B runs circular's passes
-    executed = flops.executed_per_device(mesh, pipeline_microbatches, repeats, remat, runs)
-    compute = executed / peak + elementwise_seconds(inputs, mesh, pipeline_microbatches, repeats, remat, runs)
+    executed = flops.executed_per_device(mesh, pipeline_microbatches, repeats, remat, runs, inputs.attention)
+    attention = flops.attention_executed_per_device(mesh, pipeline_microbatches, repeats, remat, runs,
+                                                    inputs.attention)
+    attention_peak = inputs.gpu.peak_flops[attention_dtype(inputs.compute)] * inputs.efficiency
+    compute = ((executed - attention) / peak + attention / attention_peak
+               + elementwise_seconds(inputs, mesh, pipeline_microbatches, repeats, remat, runs))
     sent = step_collectives(shape, mesh, batch, params, act, pipeline_microbatches, repeats, remat, gather_once)
     if schedule == "1f1b":  # Megatron-LM's scatter/gather: each tensor rank sends 1/tensor of it
         sent = dataclasses.replace(sent, pipeline_broadcast=0.0, pipeline_permute=sent.pipeline_permute / mesh.tensor)
@@ -395,11 +418,41 @@ def explain(best: Candidate, inputs: PlanInputs, ranked: list[Candidate] | None 
         f"{'NVLink' if axis_bandwidth(mesh, 'data', inputs) == inputs.gpu.nvlink_bandwidth else 'the network'})"
         f" overlaps the backward" if mesh.data > 1 else "no pure data parallelism"))
     lines.append(f"pipeline={mesh.pipeline}: " + pipeline_reason(best, ranked))
+    lines.append(sequence_line(best, inputs))
     lines.append(f"remat={best.remat}: " + {
         "none": "every activation fits, nothing is recomputed",
         "dots": "matmul outputs are kept, the elementwise ops recomputed (no extra matmul FLOPs)",
         "full": "only block inputs are kept: the forward is recomputed (+1/3 block FLOPs) to fit memory"}[best.remat])
     return lines
+
+
+def sequence_terms(best: Candidate, inputs: PlanInputs) -> dict[str, float]:
+    """The pick's costs that grow with the square of the sequence length, per device and step: the
+    attention matmuls' seconds (`attention_s`, at the attention's own peak) and the probabilities'
+    HBM bytes and seconds (`probability_bytes`, `probability_s`: 0 where a fused kernel keeps them on chip)."""
+    mesh, remat, repeats = best.mesh, best.remat, best.repeats
+    microbatches = best.microbatches if mesh.pipeline > 1 else 1
+    runs = "circular" if inputs.megatron_1f1b else best.schedule
+    attention = train_flops(inputs.shape, inputs.global_batch).attention_executed_per_device(
+        mesh, microbatches, repeats, remat, runs, inputs.attention)
+    attention_s = attention / (inputs.gpu.peak_flops[attention_dtype(inputs.compute)] * inputs.efficiency)
+    on_chip = dataclasses.replace(inputs, attention="fused")
+    probabilities = (elementwise_bytes(inputs, mesh, microbatches, repeats, remat, runs)
+                     - elementwise_bytes(on_chip, mesh, microbatches, repeats, remat, runs))
+    return {"attention_s": attention_s, "probability_bytes": probabilities,
+            "probability_s": probabilities / inputs.gpu.memory_bandwidth}
+
+
+def sequence_line(best: Candidate, inputs: PlanInputs) -> str:
+    """The explanation's line on the sequence length: what its square-law terms cost at this shape."""
+    terms = sequence_terms(best, inputs)
+    tokens = inputs.shape.tokens
+    line = (f"sequence {tokens} tokens: the attention matmuls (growing with tokens^2) take "
+            f"{1e3 * terms['attention_s']:.1f} ms ({terms['attention_s'] / best.step_s:.0%} of the step); ")
+    if inputs.attention == "fused":
+        return line + "the fused attention kernel keeps the probabilities on chip (no HBM traffic for them)"
+    return line + (f"the probabilities pass through HBM ({terms['probability_bytes'] / 1e9:.2f} GB per GPU, "
+                   f"{1e3 * terms['probability_s']:.1f} ms, {terms['probability_s'] / best.step_s:.0%} of the step)")
 
 
 def pipeline_reason(best: Candidate, ranked: list[Candidate]) -> str:

@@ -6,9 +6,10 @@ Megatron-LM" (SC21): GPT models on Selene (DGX A100 80 GB, 8 x 200 Gb/s HDR Infi
 i.e. 25 GB/s per GPU), sequence 2048, MLP 4 x hidden, 51,200-token vocabulary, mixed precision
 (16 bytes of state per parameter: fp16 weights and gradients, fp32 master weights and Adam
 moments, updated in place: no weight-sized temporaries), the interleaved 1F1B pipeline schedule
-and full activation recomputation. Their FLOP count, 96 B s l h^2 (1 + s / 6h + V / 16 l h), is
-ours with full remat plus the vocabulary layer; that layer is not part of a vision transformer, so
-its share is reported (`vocab_share`).
+and full activation recomputation; hand-fused elementwise kernels (one pass per op) and an fp16
+softmax whose probabilities pass through HBM (no FlashAttention in 2021). Their FLOP count,
+96 B s l h^2 (1 + s / 6h + V / 16 l h), is ours with full remat plus the vocabulary layer; that
+layer is not part of a vision transformer, so its share is reported (`vocab_share`).
 
 Table 1 (weak scaling, tensor + pipeline + data parallelism) and Table 2 (GPT-3 175B: the same
 against ZeRO-3, data parallelism with every parameter, gradient and optimizer state sharded).
@@ -79,7 +80,7 @@ def inputs_for(row: Row, gpus: int | None = None, efficiency: float | None = Non
                       nvlink_domain=8, efficiency=gpu.efficiency if efficiency is None else efficiency,
                       param_bytes=param_bytes(shape, 2.0), validate=validator(shape, row.batch), axes=axes,
                       schedule="1f1b", megatron_1f1b=True, remat_options=("full",), optimizer_state=6.0,
-                      probability_bytes=2, weight_temporaries=0.0)
+                      probability_bytes=2, weight_temporaries=0.0, runtime="fused-kernels", attention="xla")
 
 
 def achieved_tflops(candidate: Candidate, inputs: PlanInputs) -> float:

@@ -141,14 +141,14 @@ def tensor_in_nvlink_domains(ms: list[Model]) -> dict:
         best = next(c for c in candidates(inputs) if c.fits)
         tensors.append(best.mesh.tensor)
         parts.append(f"domain {domain}: {best.mesh} ({1e3 * best.step_s:.0f} ms)")
+    with_tensor = [str(d) for d, t in zip(NVLINK_DOMAINS, tensors, strict=True) if t > 1]
     return {"claim": "tensor parallelism inside NVLink domains of 8, 72 and 576 GPUs",
             "figure": f"{TEN_X} on 576 B200, batch {8 * devices}: " + "; ".join(parts),
             "agrees": "yes" if min(tensors) > 1 else ("partly" if max(tensors) > 1 else "no"),
             "rule": "yes: the pick uses tensor > 1 in every domain; partly: in some",
             "term": "tensor's per-block all-reduces sit on the critical path, fsdp's gathers hide under the "
-                    "backward: tensor > 1 only in the domains of "
-                    f"{', '.join(str(d) for d, t in zip(NVLINK_DOMAINS, tensors, strict=True) if t > 1) or 'none'}"
-                    " GPUs"}
+                    "backward: " + (f"tensor > 1 only in the domains of {', '.join(with_tensor)} GPUs" if with_tensor
+                                    else "tensor > 1 in no domain")}
 
 
 def pipeline_bubble() -> dict:

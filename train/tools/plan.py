@@ -46,6 +46,10 @@ if TYPE_CHECKING:
     from triskele.train.tools.plan_inputs import AbstractModel
 
 SCALING_DEVICES = [8, 16, 32, 64, 128, 256, 512, 1024]
+ATTENTION_NOTES = {
+    "fused": "fused kernel (cuDNN): probabilities kept on chip, scores recomputed in the backward",
+    "xla": "XLA's matmuls and softmax: the probabilities pass through HBM in float32",
+}
 
 
 def print_rows(rows: list[dict], columns: list[str]) -> None:
@@ -198,6 +202,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.efficiency is not None and not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency must be in (0, 1], got {args.efficiency}")
     config = model = None
+    shape_options: dict[str, str] = {}
     if args.preset:
         overrides = list(args.set) + ([f"data.global_batch={args.global_batch}"] if args.global_batch else [])
         config = make_config(args.preset, overrides)
@@ -207,6 +212,7 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         shape = parse_shape(args.shape)
         batch = args.global_batch
+        shape_options = _shape_settings(args.set)
     if args.inference:
         return _inference(args, model, shape)
     if not args.gpu:
@@ -223,7 +229,7 @@ def run_plan(args: argparse.Namespace) -> int:
     def make(devices: int, nodes: int | None) -> PlanInputs:
         if config is None:
             return shape_inputs(shape, batch, gpu, devices, nodes, args.nvlink_domain, args.efficiency,
-                                args.gpu_memory_gb, **options)
+                                args.gpu_memory_gb, **shape_options, **options)
         return plan_inputs(config, gpu, devices, nodes, args.nvlink_domain, args.efficiency, args.gpu_memory_gb,
                            model=model, **options)
 
@@ -232,6 +238,18 @@ def run_plan(args: argparse.Namespace) -> int:
     if not args.devices:
         raise ValueError("--devices is required (or ask for --scaling or --inference)")
     return _print_ranking(args, make(args.devices, args.nodes), batch, tokens=config is None)
+
+
+def _shape_settings(settings: list[str]) -> dict[str, str]:
+    """What `--set` may say with `--shape`: `model.attention` only (the rest configures a preset's run)."""
+    options = {}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        if key.strip() != "model.attention" or not value:
+            raise ValueError(f"--set {setting!r}: with --shape, --set takes only model.attention=auto|xla|cudnn; "
+                             "other keys configure a preset's run (use --preset)")
+        options["attention"] = value.strip()
+    return options
 
 
 def _print_scaling(args: argparse.Namespace, make, gpu: Gpu, batch: int) -> int:
@@ -265,6 +283,7 @@ def _print_ranking(args: argparse.Namespace, inputs: PlanInputs, batch: int, tok
     print(f"{name} on {args.devices} x {inputs.gpu.name} ({inputs.nodes} node(s), NVLink domain "
           f"{inputs.nvlink_domain}), global batch {batch}, {inputs.compute}, efficiency {inputs.efficiency} "
           f"({inputs.gpu.efficiency_source}): {len(ranked)} valid meshes, {sum(c.fits for c in ranked)} fit")
+    print(f"attention: {ATTENTION_NOTES[inputs.attention]} (--set model.attention=xla|cudnn|auto changes it)")
     rows = [c.row() for c in ranked]
     throughput = per_second(rows, "images_per_s", inputs.shape, tokens)
     columns = ["mesh", "schedule", "microbatches", "grad_accum", "remat", "memory_GB", "fits", "compute_ms", "comm_ms",

@@ -31,6 +31,16 @@ PLANNED_BACKEND = "gpu"
 """The backend the planner plans for: what `precision=auto` means there (bfloat16)."""
 
 
+def planned_attention(setting: str, compute: str) -> str:
+    """The attention a GPU compiles for `model.attention` (`formulas.ATTENTIONS`): `auto` takes the fused
+    cuDNN kernel in 16-bit and FP8 (`triskele.models.vit.attention_implementation`), `cudnn` always,
+    `xla` never."""
+    if setting not in ("auto", "xla", "cudnn"):
+        raise ValueError(f"model.attention {setting!r} is not one of auto, xla, cudnn")
+    fused = setting == "cudnn" or (setting == "auto" and compute in ("bfloat16", "float16", "fp8"))
+    return "fused" if fused else "xla"
+
+
 def abstract_mesh(mesh: MeshSpec) -> AbstractMesh:
     return AbstractMesh(tuple(getattr(mesh, a) for a in MESH_AXES), MESH_AXES)
 
@@ -97,9 +107,10 @@ def plan_inputs(config: Config, gpu_name: Gpu | str, devices: int, nodes: int | 
             return str(err)
         return None
 
+    compute = matmul_dtype(config.precision, PLANNED_BACKEND)
     return PlanInputs(shape=model.shape, global_batch=config.data.global_batch, gpu=gpu, devices=devices,
-                      nodes=nodes, nvlink_domain=nvlink_domain or devices // nodes,
-                      compute=matmul_dtype(config.precision, PLANNED_BACKEND),
+                      nodes=nodes, nvlink_domain=nvlink_domain or devices // nodes, compute=compute,
+                      attention=planned_attention(config.model.attention, compute),
                       activation_bytes=activation_bytes(config.precision, PLANNED_BACKEND),
                       efficiency=gpu.efficiency if efficiency is None else efficiency, param_bytes=model.param_bytes,
                       validate=check, memory_bytes=memory_gb * 1e9 if memory_gb else None, **options)
@@ -107,10 +118,12 @@ def plan_inputs(config: Config, gpu_name: Gpu | str, devices: int, nodes: int | 
 
 def shape_inputs(shape: ModelShape, global_batch: int, gpu_name: Gpu | str, devices: int, nodes: int | None = None,
                  nvlink_domain: int | None = None, efficiency: float | None = None, memory_gb: float | None = None,
-                 bytes_per_param: float = 4.0, **options) -> PlanInputs:
-    """The planner's inputs for a transformer known by its sizes (`--shape`)."""
+                 bytes_per_param: float = 4.0, attention: str = "auto", **options) -> PlanInputs:
+    """The planner's inputs for a transformer known by its sizes (`--shape`), in bfloat16, its
+    attention as `model.attention=attention` compiles it."""
     gpu, nodes = _cluster(gpu_name, devices, nodes)
     return PlanInputs(shape=shape, global_batch=global_batch, gpu=gpu, devices=devices, nodes=nodes,
+                      attention=planned_attention(attention, PlanInputs.compute),
                       nvlink_domain=nvlink_domain or devices // nodes,
                       efficiency=gpu.efficiency if efficiency is None else efficiency,
                       param_bytes=shape_param_bytes(shape, bytes_per_param),
