@@ -1,4 +1,5 @@
-"""Megatron-LM's published GPU runs (Narayanan et al., SC21) replayed through the planner.
+"""Published GPU runs replayed through the planner: Megatron-LM's (Narayanan et al., SC21, A100)
+and NeMo's H100 table (24.07, FP8).
 
     python bench/published.py [--efficiency E] [--json FILE]
 
@@ -8,7 +9,8 @@ published mesh and of the pick, against the published figure; the A100 efficienc
 over the rows (the one value that minimises the largest error) unless `--efficiency` is given.
 Table 2: GPT-3 175B, ZeRO-3 (fsdp only) against tensor 8 x pipeline 12 x data at 384, 768 and
 1,536 GPUs, and the ratio of the two; the planner's overlap efficiency is fitted on its 384-GPU row
-(and printed), the other two rows judge it. Predictions only: nothing here runs on a GPU.
+(and printed), the other two rows judge it. NeMo's H100 table: predicted against published MFU on
+each row's published mesh, the planner fitted on none of it. Predictions only: nothing here runs on a GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from common import print_table, write_json
 from triskele.mesh.perf.hardware import GPUS
 from triskele.mesh.perf.planner import OVERLAP_EFFICIENCY
+from triskele.mesh.perf.published_h100 import NEMO_H100, SOURCE, replay
 from triskele.mesh.perf.published_runs import (
     OVERLAP_CALIBRATION_GPUS,
     TABLE1,
@@ -52,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\nTable 2 (GPT-3 175B, batch 1536): ZeRO-3 vs tensor 8 x pipeline 12 x data, teraFLOP/s per GPU")
     print_table(table2, ["gpus", "published_ptdp", "ptdp_tflops", "published_zero3", "zero3_tflops",
                          "published_ratio", "ratio"])
-    write_json(args.json, {"efficiency": efficiency, "fitted_efficiency": fitted, "table1": table1, "table2": table2})
+    nemo = [replay(row) for row in NEMO_H100]
+    print(f"\n{SOURCE}: published vs predicted MFU (model FLOP/s over the FP8 peak) on the published mesh")
+    print_table(nemo, ["model", "gpus", "batch", "tokens", "published_mesh", "schedule", "published_tflops",
+                       "published_mfu", "predicted_mfu", "error"])
+    write_json(args.json, {"efficiency": efficiency, "fitted_efficiency": fitted, "table1": table1, "table2": table2,
+                           "nemo_h100": nemo})
     return 0
 
 

@@ -6,6 +6,7 @@ import math
 import pytest
 from triskele.mesh.perf.hardware import A100_EFFICIENCY, GPUS
 from triskele.mesh.perf.planner import OVERLAP_EFFICIENCY
+from triskele.mesh.perf.published_h100 import NEMO_H100, TOLERANCE, replay
 from triskele.mesh.perf.published_runs import (
     OVERLAP_CALIBRATION_GPUS,
     TABLE1,
@@ -52,6 +53,25 @@ def test_picks_match_the_published_parallelism(table1):
             expected = KNOWN_TENSOR_MISSES.get(published.params_b, 8)
             assert row["pick_tensor"] == expected, row
     assert sum(r["pick_tensor"] == 8 for r in table1.values()) == 4
+
+
+NEMO_KNOWN_MISSES = {"GPT3-20B": (-0.40, -0.30)}
+"""Rows predicted outside TOLERANCE, with the band their error sits in today. GPT-3 20B (data=32 x
+tensor=2 across 8 nodes, 4 accumulation steps): the planner prices its 20 GB gradient all-reduce as
+if every ring step left the node over the GPU's own NIC, 1.03 s against 1.22 s of compute, hidden
+only behind the last microbatch's backward; NCCL's rings cross each node once (a network share of
+(nodes - 1) / (GPUs - 1) brings the row to -16%, but also moves Table 2's ZeRO-3 rows, which the
+overlap efficiency is fitted on, out of line)."""
+
+
+def test_nemos_h100_mfu_is_predicted_within_25_percent_on_the_published_meshes():
+    """A table the planner is fitted on nowhere: H100, FP8, fused attention, 2,048 and 4,096 tokens."""
+    rows = {row.model + f"@{row.gpus}": replay(row) for row in NEMO_H100}
+    assert len(rows) == 6 and TOLERANCE == 0.25
+    for name, row in rows.items():
+        low, high = NEMO_KNOWN_MISSES.get(row["model"], (-TOLERANCE, TOLERANCE))
+        assert low <= row["error"] <= high, (name, row["predicted_mfu"], row["published_mfu"])
+    assert sum(abs(r["error"]) <= TOLERANCE for r in rows.values()) == 5
 
 
 def test_the_stated_overlap_efficiency_is_the_fit_on_table2s_384_gpu_row():

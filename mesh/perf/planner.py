@@ -448,11 +448,11 @@ def sequence_line(best: Candidate, inputs: PlanInputs) -> str:
     terms = sequence_terms(best, inputs)
     tokens = inputs.shape.tokens
     line = (f"sequence {tokens} tokens: the attention matmuls (growing with tokens^2) take "
-            f"{1e3 * terms['attention_s']:.1f} ms ({terms['attention_s'] / best.step_s:.0%} of the step); ")
+            f"{1e3 * terms['attention_s']:.1f} ms ({terms['attention_s'] / best.step_s:.1%} of the step); ")
     if inputs.attention == "fused":
         return line + "the fused attention kernel keeps the probabilities on chip (no HBM traffic for them)"
     return line + (f"the probabilities pass through HBM ({terms['probability_bytes'] / 1e9:.2f} GB per GPU, "
-                   f"{1e3 * terms['probability_s']:.1f} ms, {terms['probability_s'] / best.step_s:.0%} of the step)")
+                   f"{1e3 * terms['probability_s']:.1f} ms, {terms['probability_s'] / best.step_s:.1%} of the step)")
 
 
 def pipeline_reason(best: Candidate, ranked: list[Candidate]) -> str:
