@@ -89,3 +89,16 @@ def test_the_traffic_outside_the_matmuls_is_what_xla_compiles(overrides, devices
     assert inputs.attention == "xla" and inputs.activation_bytes == 4
     planned = elementwise_bytes(inputs, MeshSpec(data=8), 1, 1, "dots")
     assert relative_error(planned, measured) < 0.25, (planned, measured)
+
+
+def test_the_inference_roofline_reads_no_probabilities_under_a_fused_kernel(capsys):
+    from triskele.mesh.perf.hardware import GPUS
+    from triskele.mesh.perf.roofline import roofline
+
+    fused = roofline(LONG, 1e9, GPUS["h100"], "bfloat16", 8)
+    xla = roofline(LONG, 1e9, GPUS["h100"], "bfloat16", 8, attention="xla")
+    probabilities = 8 * LONG.depth * 4 * LONG.heads * LONG.tokens ** 2 * 4  # 4 a t^2 float32 per block and image
+    assert (xla.memory_s - fused.memory_s) * GPUS["h100"].memory_bandwidth == pytest.approx(probabilities)
+    assert plan_main(["--shape", "width=2048,depth=24,heads=16,mlp=8192,tokens=4096", "--inference", "--gpu", "h100",
+                      "--set", "model.attention=xla"]) == 0
+    assert "attention: XLA's matmuls and softmax" in capsys.readouterr().out

@@ -9,8 +9,10 @@ runtime (mesh specs, rules, the pipeline schedule, the models, the train engine)
 - `planner`           the mesh planner: every mesh, schedule and remat priced and ranked
 - `roofline`          the inference roofline: images/s per GPU, compute vs HBM bound
 - `run_cost`          wall time, GPU-hours and money of a run, rented or owned
-- `hlo_counts`        FLOPs and collective bytes counted in a compiled program's HLO text
+- `hlo_counts`        FLOPs, collective bytes and the traffic outside the matmuls counted in a
+                      compiled program's HLO text
 - `published_runs`    Megatron-LM's published runs replayed through the planner (bench, tests)
+- `published_h100`    NeMo's published H100 table replayed on its meshes (bench, tests)
 
 Nothing is imported here: `import triskele.mesh.perf.planner` loads what the planner needs.
 The sizes they read (`triskele.mesh.shape.ModelShape`) and the pipeline schedule's own counts

@@ -53,23 +53,26 @@ class StepFlops:
 
     def executed_per_device(self, mesh: MeshSpec, microbatches: int = 1, repeats: int = 1,
                             remat: str = "dots", schedule: str = "circular", attention: str = "xla") -> float:
-        """FLOPs a device executes: the blocks' model FLOPs times `block_passes`, plus what a fused
-        attention kernel recomputes (`attention_executed_per_device`)."""
+        """FLOPs a device executes: the blocks' model FLOPs times `block_passes`, the attention's as
+        `attention_executed_per_device` runs them."""
         passes = block_passes(mesh.pipeline, repeats, microbatches, remat, schedule)
-        blocks = self.blocks / mesh.devices * passes
-        recomputed = self.attention_executed_per_device(mesh, microbatches, repeats, remat, schedule, attention) \
-            - self.attention / mesh.devices * passes
-        return self.per_device(mesh) - self.blocks / mesh.devices + blocks + recomputed
+        attention_model = self.attention / mesh.devices * passes
+        return (self.per_device(mesh) + (self.blocks / mesh.devices) * (passes - 1) - attention_model
+                + self.attention_executed_per_device(mesh, microbatches, repeats, remat, schedule, attention))
 
     def attention_executed_per_device(self, mesh: MeshSpec, microbatches: int = 1, repeats: int = 1,
                                       remat: str = "dots", schedule: str = "circular",
                                       attention: str = "xla") -> float:
-        """The attention matmuls' share of `executed_per_device`. A fused kernel (`attention`
-        "fused": FlashAttention, cuDNN) keeps no probabilities for the backward, which computes the
-        scores again: 14 t^2 d per block and image instead of 12 (7/6)."""
-        recompute = 7 / 6 if attention == "fused" else 1.0
+        """The attention matmuls' share of `executed_per_device`: their model FLOPs times
+        `block_passes`, and a fused kernel's recomputation (`FUSED_ATTENTION_RECOMPUTE`)."""
+        recompute = FUSED_ATTENTION_RECOMPUTE if attention == "fused" else 1.0
         return self.attention / mesh.devices * block_passes(mesh.pipeline, repeats, microbatches, remat,
                                                             schedule) * recompute
+
+
+FUSED_ATTENTION_RECOMPUTE = 7 / 6
+"""A fused attention kernel (FlashAttention, cuDNN) keeps no probabilities for the backward, which
+computes the scores (Q K^T) again: 14 t^2 d FLOPs per block and image instead of 12."""
 
 
 def block_passes(stages: int, repeats: int, microbatches: int, remat: str, schedule: str = "circular") -> float:

@@ -2,7 +2,8 @@
 
 time(batch) = max(FLOPs / (the format's peak x efficiency), bytes / HBM bandwidth), with
 bytes = weights in the format (read once per batch) + activations (written and read by every
-layer, per image: `triskele.mesh.perf.formulas.activation_traffic_bytes`). Small batches are bound by
+layer, per image: `triskele.mesh.perf.formulas.activation_traffic_bytes`; the attention
+probabilities only where attention runs outside a fused kernel). Small batches are bound by
 reading the weights, so bandwidth (H200's 4.8 TB/s against H100's 3.35) buys throughput there and
 with quantized weights; large batches are bound by compute, which the two share.
 """
@@ -40,8 +41,10 @@ class Roofline:
 
 
 def roofline(shape: ModelShape, weights: float, gpu: Gpu, fmt: str, batch: int,
-             efficiency: float | None = None) -> Roofline:
-    """`weights`: the model's parameter count. `efficiency`: share of peak (default the GPU's)."""
+             efficiency: float | None = None, attention: str = "fused") -> Roofline:
+    """`weights`: the model's parameter count. `efficiency`: share of peak (default the GPU's).
+    `attention`: `fused` (cuDNN's kernel, what a GPU compiles in 16-bit: no probabilities in HBM) or
+    `xla` (float32 probabilities through HBM)."""
     if fmt not in FORMAT_BYTES:
         raise ValueError(f"--format {fmt!r} is not one of {', '.join(FORMAT_BYTES)}")
     if batch < 1:
@@ -49,7 +52,8 @@ def roofline(shape: ModelShape, weights: float, gpu: Gpu, fmt: str, batch: int,
     rate = compute_peak(gpu, fmt) * (gpu.efficiency if efficiency is None else efficiency)
     flops = forward_flops(shape, 1).total
     weight_bytes = weights * FORMAT_BYTES[fmt]
-    per_image = activation_traffic_bytes(shape, shape.images_per_record)
+    per_image = activation_traffic_bytes(shape, shape.images_per_record,
+                                         probability_bytes=4 if attention == "xla" else 0)
     compute = batch * flops / rate
     memory = (weight_bytes + batch * per_image) / gpu.memory_bandwidth
     slope = flops / rate - per_image / gpu.memory_bandwidth  # compute minus memory time per extra image

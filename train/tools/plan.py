@@ -176,15 +176,18 @@ def _with_cost(rows: list[dict], args: argparse.Namespace, gpu: Gpu, batch: int,
     return rows
 
 
-def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: ModelShape) -> int:
-    from triskele.train.tools.plan_inputs import parameter_count
+def _inference(args: argparse.Namespace, model: AbstractModel | None, shape: ModelShape, attention: str) -> int:
+    """The inference roofline; `attention`: `model.attention` as set (auto, xla, cudnn)."""
+    from triskele.train.tools.plan_inputs import parameter_count, planned_attention
 
     gpus = [get_gpu(args.gpu)] if args.gpu else list(GPUS.values())
     weights = parameter_count(model, shape)
+    planned = planned_attention(attention, "bfloat16")
     rows = [dataclasses.asdict(roofline(shape, weights, g.with_links(args.nvlink_gbps, args.network_gbps),
-                                        args.format, args.batch, args.efficiency)) for g in gpus]
+                                        args.format, args.batch, args.efficiency, planned)) for g in gpus]
     name = args.preset or args.shape
-    print(f"{name}: inference roofline, {weights / 1e6:.1f}M weights in {args.format}, batch {args.batch}")
+    print(f"{name}: inference roofline, {weights / 1e6:.1f}M weights in {args.format}, batch {args.batch}, "
+          f"attention: {ATTENTION_NOTES[planned]}")
     for row in rows:
         row["compute_ms"], row["memory_ms"] = 1e3 * row.pop("compute_s"), 1e3 * row.pop("memory_s")
     throughput = per_second(rows, "images_per_sec", shape, tokens=model is None)
@@ -214,7 +217,8 @@ def run_plan(args: argparse.Namespace) -> int:
         batch = args.global_batch
         shape_options = _shape_settings(args.set)
     if args.inference:
-        return _inference(args, model, shape)
+        return _inference(args, model, shape, config.model.attention if config else
+                          shape_options.get("attention", "auto"))
     if not args.gpu:
         raise ValueError(f"--gpu is required; one of {', '.join(GPUS)}")
     if config is None and not batch:
