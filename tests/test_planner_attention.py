@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 from conftest import relative_error
+from triskele.mesh.perf.explanation import sequence_terms
 from triskele.mesh.perf.formulas import attention_forward_flops, train_flops, training_traffic_bytes
-from triskele.mesh.perf.planner import elementwise_bytes, evaluate, sequence_terms
+from triskele.mesh.perf.planner import elementwise_bytes, evaluate
 from triskele.mesh.perf.transformer_shape import parse_shape
 from triskele.mesh.spec import MeshSpec
 from triskele.train.config.overrides import make_config

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+from triskele.mesh.perf.explanation import explain
 from triskele.mesh.perf.hardware import gpu_of_device
-from triskele.mesh.perf.planner import BEST_SCHEDULE, candidates, explain, meshes, parallelism_kinds
+from triskele.mesh.perf.planner import BEST_SCHEDULE, candidates, meshes, parallelism_kinds
 from triskele.mesh.spec import AUTO, MeshSpec
 from triskele.train.config.schema import Config
 from triskele.train.config.validate import validate

@@ -7,6 +7,7 @@ runtime (mesh specs, rules, the pipeline schedule, the models, the train engine)
 - `transformer_shape` a transformer known only by its sizes (`--shape`): cost shape, parameters
 - `hardware`          the GPU table: peaks, bandwidths, links, power, prices
 - `planner`           the mesh planner: every mesh, schedule and remat priced and ranked
+- `explanation`       why the planner's pick is what it is, axis by axis and the sequence's terms
 - `roofline`          the inference roofline: images/s per GPU, compute vs HBM bound
 - `run_cost`          wall time, GPU-hours and money of a run, rented or owned
 - `hlo_counts`        FLOPs, collective bytes and the traffic outside the matmuls counted in a

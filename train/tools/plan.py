@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 # `--help` imports no JAX: the tables its flags name (GPUs, mesh axes, schedules, formats) are plain
 # Python; what builds a model (triskele.train.tools.plan_inputs: JAX, Flax) loads once a plan runs.
+from triskele.mesh.perf.explanation import explain
 from triskele.mesh.perf.hardware import GPUS, Gpu, get_gpu
 from triskele.mesh.perf.planner import (
     BEST_SCHEDULE,
@@ -28,7 +29,6 @@ from triskele.mesh.perf.planner import (
     SIMPLICITY_MARGIN,
     PlanInputs,
     candidates,
-    explain,
     scaling,
 )
 from triskele.mesh.perf.roofline import FORMAT_BYTES, roofline
