@@ -63,7 +63,8 @@ def predicted_faces(workdir, video, out):
     """(saved face crop, face box, the decoded frame) per frame predict scored of `video`."""
     predict(workdir, video.parent, out / "predicted", progress=False, save_faces=out / "faces",
             frames_per_video=FRAMES)
-    indices, frames, _ = sample_frames(video, FRAMES)
+    sampled = sample_frames(video, FRAMES)
+    indices, frames = sampled.indices, sampled.frames
     decoded = dict(zip(indices, frames, strict=True))
     rows = list(csv.DictReader((out / "predicted" / "frames.csv").open()))
     assert len(rows) == FRAMES

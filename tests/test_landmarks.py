@@ -118,7 +118,8 @@ def test_dlibs_68_points_on_a_test_videos_face_lie_on_the_photographs_features(t
     from triskele.train.domains.deepfake.faces import detect_faces
     from triskele.train.domains.deepfake.video import sample_frames
 
-    indices, frames, _ = sample_frames(write_video(tmp_path / "pan.mp4", pan(12)), 3)
+    sampled = sample_frames(write_video(tmp_path / "pan.mp4", pan(12)), 3)
+    indices, frames = sampled.indices, sampled.frames
     for index, frame in zip(indices, frames, strict=True):
         points = lm.face_landmarks(frame, detect_faces(frame)[0])
         found = {"left eye": points[36:42].mean(0), "right eye": points[42:48].mean(0), "nose tip": points[30],
@@ -190,7 +191,7 @@ def test_without_the_extra_faces_are_box_crops_and_it_says_so_once(tmp_path, mon
     assert len(faces.crops) == 6 and faces.landmarks == [None] * 6
     from triskele.train.domains.deepfake.video import sample_frames
 
-    first = sample_frames(tmp_path / "pan.mp4", 6)[1][faces.indices[0]]
+    first = sample_frames(tmp_path / "pan.mp4", 6).frames[faces.indices[0]]
     np.testing.assert_array_equal(faces.crops[0], crop_face(first, faces.boxes[0]))
     raw, out = _generic_tree(tmp_path / "raw"), tmp_path / "out"
     with pytest.raises(ValueError, match=r"--crops aligned .*not installed: pip install -e '\.\[landmarks\]'"):

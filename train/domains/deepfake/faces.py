@@ -227,7 +227,8 @@ def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLim
     the frame."""
     from triskele.train.domains.deepfake.video import sample_frames
 
-    indices, found, total = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size, crops))
+    sampled = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size, crops))
+    indices, found, total = sampled.indices, sampled.frames, sampled.total
     track = _main_track([faces for faces, _ in found])
     faces = VideoFaces(total, len(found), [], [], [], {}, [])
     for index, (in_frame, kept), box in zip(indices, found, track, strict=True):

@@ -1,10 +1,11 @@
-"""Video files: frames sampled uniformly over the frames actually decoded (a container's frame
-count is not trusted), with errors that name the file; each video decoded once (twice only when its
-header's frame count proves wrong), and refused from its header (frame size, frame count) or as
-soon as decoding passes `limits.video_frames`."""
+"""Video files: frames sampled over the frames the stream holds (a container's frame count is not
+trusted), only those decoded (`seek`) or the whole stream (`all`), with errors that name the file;
+refused from the header (frame size, frame count) or as soon as the stream passes
+`limits.video_frames`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from triskele.train.config.schema import InputLimits
+from triskele.train.domains.deepfake.seek import KEYFRAMES, SAMPLING, UNIFORM
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 
@@ -104,17 +106,52 @@ def uniform_indices(total: int, count: int) -> list[int]:
     return sorted(set(np.linspace(0, total - 1, count).round().astype(int).tolist()))
 
 
+SEEK, ALL = "seek", "all"
+DECODING = (SEEK, ALL)
+"""How the kept frames are reached (`--decode`): decoded forward from the keyframe before each
+(`seek`), or the whole stream decoded (`all`, the path this project took first, kept to compare)."""
+
+
+@dataclasses.dataclass
+class SampledFrames:
+    """What sampling a video gave: the kept frames' display indices, `each` of those frames, the
+    frames the stream holds and the frames decoded to reach them."""
+
+    indices: list[int]
+    frames: list[Any]
+    total: int
+    decoded: int
+
+
 def sample_frames(path: Path, count: int, limits: InputLimits | None = None,
-                  each: Callable[[np.ndarray], Any] | None = None) -> tuple[list[int], list[Any], int]:
-    """(indices, frames, frames decoded) of `count` frames sampled uniformly over the frames that
-    actually decode, as RGB uint8 arrays or what `each` makes of each one as it is decoded (so only
-    that is kept); a video with none is an error naming the file. The sample is planned from the
-    header's frame count and the video decoded once; where the count decoded differs (a header
-    that lies or only estimates), a second pass samples the frames that did decode."""
+                  each: Callable[[np.ndarray], Any] | None = None, *, sample: str = UNIFORM,
+                  decode: str = SEEK) -> SampledFrames:
+    """`count` frames chosen by `sample` (`seek.SAMPLING`) over the frames the stream holds, as RGB
+    uint8 arrays or what `each` makes of each one as it is decoded (so only that is kept); a video
+    with none is an error naming the file. `decode` seek: one demux pass counts the stream's frames
+    (a header that lies or only estimates is not trusted), then only the kept frames are decoded,
+    each from the keyframe before it (`seek.decode_at`); where a kept frame does not decode (a
+    truncated stream) or the packets carry no timestamps, the whole stream is decoded as `all` does.
+    `all`: the whole stream decoded once, the sample planned from the header's frame count, and
+    decoded again over the frames that did decode where that count proves wrong."""
+    from triskele.train.domains.deepfake.seek import decode_at, keyframe_runs, stream_index
+
     path, limits, each = Path(path), limits or InputLimits(), each or (lambda frame: frame)
+    if sample not in SAMPLING:
+        raise ValueError(f"--sample {sample!r}: choose {' or '.join(SAMPLING)}")
+    if decode not in DECODING:
+        raise ValueError(f"--decode {decode!r}: choose {' or '.join(DECODING)}")
+    if decode == SEEK and (index := stream_index(path, limits)) is not None:
+        total = len(index.timestamps)
+        wanted = keyframe_runs(index, count) if sample == KEYFRAMES else uniform_indices(total, count)
+        indices, kept, decoded = decode_at(path, index, wanted, limits, each)
+        if indices == wanted and kept:
+            return SampledFrames(indices, kept, total, decoded)
     indices, kept, total, declared = _decode(path, count, limits, each)
+    decoded = total
     if total != declared and total:
         indices, kept, total, _ = _decode(path, count, limits, each, total)
+        decoded += total
     if not kept:
         raise ValueError(f"cannot read video {path}: no frame decodes (truncated or damaged)")
-    return indices, kept, total
+    return SampledFrames(indices, kept, total, decoded)
