@@ -93,3 +93,21 @@ def zoom(count: int = 24) -> list[np.ndarray]:
 def wall(count: int = 20) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     return [np.clip(150 + rng.normal(0, 3, (FRAME[1], FRAME[0], 3)), 0, 255).astype(np.uint8) for _ in range(count)]
+
+
+def write_h264(path: Path, frames: list[np.ndarray], fps: int = 25, gop: int = 12, bframes: int = 2,
+               open_gop: bool = False) -> Path:
+    """An H.264 stream (libx264 through PyAV) with a keyframe every `gop` frames, `bframes` B-frames
+    between references and, with `open_gop`, non-IDR keyframes that leading B-frames reach past."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
+        stream.options = {"g": str(gop), "bf": str(bframes),
+                          "x264-params": f"open-gop={int(open_gop)}:scenecut=0:keyint-min={gop}"}
+        for frame in frames:
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        out.mux(stream.encode())
+    return path

@@ -31,6 +31,7 @@ class _Found:
     crops: list[np.ndarray] | None = None
     read_as: str = "video"
     """How the input was read: a video file, a folder of its frames, or a photo."""
+    frames_decoded: int = 0
 
 
 READ_AS = ("video", "images")
@@ -59,10 +60,13 @@ class DeepfakeIO:
     (frame size and count from a video's header, pixels from a crop's)."""
 
     def __init__(self, meta: dict[str, Any], save_faces: Path | None = None, limits: InputLimits | None = None,
-                 frames_per_video: int | None = None, read_as: str | None = None):
+                 frames_per_video: int | None = None, read_as: str | None = None, faces: str | None = None,
+                 sample: str | None = None, decode: str | None = None, detect_every: int | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
         from triskele.train.domains.deepfake.crops import run_crops, usable_crops
-        from triskele.train.domains.deepfake.video import VIDEO_SUFFIXES
+        from triskele.train.domains.deepfake.device_faces import DLIB, check_face_detector
+        from triskele.train.domains.deepfake.seek import UNIFORM
+        from triskele.train.domains.deepfake.video import SEEK, VIDEO_SUFFIXES
 
         self.size, self.clip = meta["image_size"], meta["frames"]
         self.crops = usable_crops(run_crops(meta["options"]))
@@ -78,6 +82,10 @@ class DeepfakeIO:
         if read_as not in (None, *READ_AS):
             raise ValueError(f"--as {read_as!r}: choose {' or '.join(READ_AS)} (default: told by each folder's names)")
         self.read_as = read_as
+        self.finding = {"faces": check_face_detector(faces or DLIB), "sample": sample or UNIFORM,
+                        "decode": decode or SEEK, "detect_every": detect_every or 1}
+        """How a video's frames are reached and its faces found (`faces.video_faces`), recorded in
+        every row of videos.csv."""
         self.photos: set[str] = set()
         """The keys of the units that are photos (`units`)."""
 
@@ -146,7 +154,7 @@ class DeepfakeIO:
         from triskele.train.domains.deepfake.faces import photo_face
 
         photo = open_image(path, self.limits, also_read=self.videos_read).convert("RGB")
-        face = photo_face(np.asarray(photo), self.size, self.crops)
+        face = photo_face(np.asarray(photo), self.size, self.crops, self.finding["faces"])
         crops, boxes = ([face[1]], [" ".join(map(str, face[0]))]) if face else ([], [])
         records, found = self._records(crops, [path.name] * len(crops), boxes, 1)
         found.read_as = "photo"
@@ -159,13 +167,14 @@ class DeepfakeIO:
         from triskele.train.domains.deepfake.faces import video_faces
 
         try:
-            faces = video_faces(path, self.per_video, limits=self.limits, crops=self.crops)
+            faces = video_faces(path, self.per_video, limits=self.limits, crops=self.crops, **self.finding)
         except ValueError as err:
             raise ValueError(str(err).replace(str(path), name)) from None
         records, found = self._records(faces.crops, [f"{i:06d}" for i in faces.indices],
                                        [" ".join(map(str, b)) for b in faces.boxes], faces.frames_sampled)
         found.reason = faces.reason or found.reason
         found.crops = faces.crops if self.save_faces else None
+        found.frames_decoded = faces.frames_decoded
         return records, found
 
     def _sent_video(self, sent: Any, suffix: str) -> tuple[np.ndarray, _Found]:
@@ -202,7 +211,8 @@ class DeepfakeIO:
         frames = [[n, p, b] for n, p, b in zip(found.names, scores, found.boxes, strict=False)]
         return {"video": unit.key, "frames_sampled": found.frames_sampled, "faces_found": found.faces_found,
                 "records": len(scores), "fake_probability": video_probability(outputs),
-                "reason": found.reason, "read_as": found.read_as, "frames": frames}
+                "reason": found.reason, "read_as": found.read_as, "frames": frames,
+                "frames_decoded": found.frames_decoded, **self.finding}
 
     def finish(self, rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
         from triskele.eval.engine import write_csv
@@ -212,9 +222,11 @@ class DeepfakeIO:
 
         written = ["videos.csv"]
         write_csv(out_dir / "videos.csv",
-                  ["video", "frames_sampled", "faces_found", "records", "fake_probability", "reason", "read_as"],
+                  ["video", "frames_sampled", "faces_found", "records", "fake_probability", "reason", "read_as",
+                   "frames_decoded", "faces", "sample", "decode"],
                   [[r["video"], r["frames_sampled"], r["faces_found"], r["records"], score(r["fake_probability"]),
-                    r["reason"], r.get("read_as", "video")] for r in rows])
+                    r["reason"], r.get("read_as", "video"), r.get("frames_decoded", 0),
+                    *(r.get(key, self.finding[key]) for key in ("faces", "sample", "decode"))] for r in rows])
         if self.clip == 1:
             write_csv(out_dir / "frames.csv", ["video", "frame", "fake_probability", "box"],
                       [[r["video"], name, score(p), box] for r in rows for name, p, box in r["frames"]])

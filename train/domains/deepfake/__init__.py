@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING
 from triskele.train.commands import Flag, bounded, folder
 from triskele.train.data.splits import check_split
 from triskele.train.domains.deepfake.crops import OLD_RUNS
+from triskele.train.domains.deepfake.device_faces import FACE_DETECTORS
 from triskele.train.domains.deepfake.prepare import PREPARE
+from triskele.train.domains.deepfake.seek import SAMPLING
+from triskele.train.domains.deepfake.video import DECODING
 from triskele.train.domains.spec import Domain, Later
 
 if TYPE_CHECKING:
@@ -154,7 +157,16 @@ SPEC = Domain(
                         "DeepfakeBench's, whatever the run trained on)", type=bounded(int, 1), metavar="N"),
                    Flag("--as", "read each folder of images as one video's face-crop frames or as photos scored "
                         "each on its own (default: frames where every name is a frame number, else photos)",
-                        choices=("video", "images"), dest="read_as")),
+                        choices=("video", "images"), dest="read_as"),
+                   Flag("--faces", "who finds faces in videos and photos: dlib's HOG detector on the host "
+                        "(DeepfakeBench's protocol, the default) or blazeface on the accelerator, a batch of "
+                        "frames at a time", choices=FACE_DETECTORS),
+                   Flag("--sample", "which frames a video gives: uniform over the stream (default) or runs from "
+                        "keyframes (every frame decoded is kept)", choices=SAMPLING),
+                   Flag("--decode", "seek: decode only what is sampled, from the keyframe before each frame "
+                        "(default); all: the whole stream", choices=DECODING),
+                   Flag("--detect-every", "with --faces blazeface, find faces on every N-th sampled frame, the "
+                        "track carried between (default 1)", type=bounded(int, 1), metavar="N")),
     resume_options=("eval_methods", "face_crops"), pack_keys=PACK_KEYS, pack_codecs={"region": "zlib"},
     legacy_defaults={"face_crops": OLD_RUNS}, clips=True,
     prepare=PREPARE,

@@ -19,7 +19,16 @@ from PIL import Image
 from triskele.train.config.schema import InputLimits
 from triskele.train.domains.deepfake.align import aligned_crop
 from triskele.train.domains.deepfake.crops import BOX, check_face_crops
+from triskele.train.domains.deepfake.device_faces import (
+    BLAZEFACE,
+    DLIB,
+    check_face_detector,
+    device_crops,
+    device_faces,
+)
 from triskele.train.domains.deepfake.landmarks import INSTALL, face_landmarks
+from triskele.train.domains.deepfake.seek import UNIFORM
+from triskele.train.domains.deepfake.video import SEEK
 
 ENLARGE = 1.3
 TRACK_REACH = 1.0
@@ -174,8 +183,9 @@ def face_crop(frame: np.ndarray, box: Box, size: int, crops: str) -> tuple[np.nd
 
 @dataclasses.dataclass
 class VideoFaces:
-    """What a video gave: its sampled frames' indices, the tracked face's box, crop and landmarks
-    (None without the extra) per frame with a face, and why each other frame was left out."""
+    """What a video gave: the frames decoded to reach the sampled ones, its sampled frames'
+    indices, the tracked face's box, crop and landmarks (None without the extra) per frame with a
+    face, and why each other frame was left out."""
 
     frames_decoded: int
     frames_sampled: int
@@ -184,6 +194,8 @@ class VideoFaces:
     crops: list[np.ndarray]
     left_out: dict[int, str]
     landmarks: list[np.ndarray | None]
+    frames_in_video: int
+    """Frames the stream holds (what `frames_decoded` counted when every frame was decoded)."""
 
     @property
     def reason(self) -> str | None:
@@ -209,38 +221,100 @@ def _main_track(found: list[Found]) -> list[Box | None]:
                       [[holds for _, _, holds in faces] for faces in found])
 
 
-def photo_face(photo: np.ndarray, size: int, crops: str) -> tuple[Box, np.ndarray, np.ndarray | None] | None:
-    """A still photo's face as a video's is chosen (`main_track` of one frame): its box, its crop
-    by the method `crops` and its landmarks; None where the detector finds no face."""
-    found = [(box, score, landmarks_hold(photo, box)) for box, score in scored_faces(photo)]
+def photo_face(photo: np.ndarray, size: int, crops: str, faces: str = DLIB
+               ) -> tuple[Box, np.ndarray, np.ndarray | None] | None:
+    """A still photo's face as a video's is chosen (`main_track` of one frame), found by `faces`
+    (`FACE_DETECTORS`): its box, its crop by the method `crops` and its landmarks; None where the
+    detector finds no face."""
+    if faces == BLAZEFACE:
+        found = [(box, score, None) for box, score in device_faces(photo[None])[0]]
+    else:
+        found = [(box, score, landmarks_hold(photo, box)) for box, score in scored_faces(photo)]
     if not found:
         return None
     box = _main_track([found])[0]
+    if faces == BLAZEFACE and check_face_crops(crops) == BOX:
+        return box, device_crops(photo[None], [box], size, ENLARGE)[0], None
     return box, *face_crop(photo, box, size, crops)
 
 
 def video_faces(path: Path, frames: int, size: int = CROP_SIZE, limits: InputLimits | None = None, *,
-                crops: str) -> VideoFaces:
-    """`frames` frames sampled uniformly over the decoded ones (the video read within `limits`),
-    the main face track (`main_track`) cropped by the method `crops` (`crops.FACE_CROPS`). Each frame's faces
-    are found as it is decoded, so what is held per sampled frame is its face crops or, if smaller,
-    the frame."""
+                crops: str, faces: str = DLIB, sample: str = UNIFORM, decode: str = SEEK,
+                detect_every: int = 1) -> VideoFaces:
+    """`frames` frames sampled by `sample` over the stream's frames and reached by `decode`
+    (`video.sample_frames`; the video read within `limits`), the main face track (`main_track`)
+    cropped by the method `crops` (`crops.FACE_CROPS`). `faces` dlib: each frame's faces are found
+    on the host as it is decoded, so what is held per sampled frame is its face crops or, if
+    smaller, the frame. `faces` blazeface: the sampled frames are held and go to the device as one
+    batch, faces found there on every `detect_every`-th of them (the track's box carried to the
+    frames between, interpolated) and the crops cut there."""
     from triskele.train.domains.deepfake.video import sample_frames
 
-    sampled = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size, crops))
-    indices, found, total = sampled.indices, sampled.frames, sampled.total
-    track = _main_track([faces for faces, _ in found])
-    faces = VideoFaces(total, len(found), [], [], [], {}, [])
-    for index, (in_frame, kept), box in zip(indices, found, track, strict=True):
+    if check_face_detector(faces) == BLAZEFACE:
+        return _device_video_faces(Path(path), frames, size, limits, crops, sample, decode, detect_every)
+    sampled = sample_frames(Path(path), frames, limits, lambda frame: _faces_in(frame, size, crops),
+                            sample=sample, decode=decode)
+    track = _main_track([faces for faces, _ in sampled.frames])
+    video = VideoFaces(sampled.decoded, len(sampled.frames), [], [], [], {}, [], sampled.total)
+    for index, (in_frame, kept), box in zip(sampled.indices, sampled.frames, track, strict=True):
         if box is None:
-            faces.left_out[index] = "no face" if not in_frame else "only faces off the tracked one"
+            video.left_out[index] = "no face" if not in_frame else "only faces off the tracked one"
             continue
-        faces.indices.append(index)
-        faces.boxes.append(box)
+        video.indices.append(index)
+        video.boxes.append(box)
         crop, landmarks = kept[box] if isinstance(kept, dict) else face_crop(kept, box, size, crops)
-        faces.crops.append(crop)
-        faces.landmarks.append(landmarks)
-    return faces
+        video.crops.append(crop)
+        video.landmarks.append(landmarks)
+    return video
+
+
+def carried_track(track: dict[int, Box], count: int) -> list[Box | None]:
+    """Per frame of `count`, the track's box: where it was detected, that box; between two frames
+    where it was, their boxes interpolated linearly; before the first or after the last, None (the
+    face is not known to be there)."""
+    known = sorted(track)
+    path: list[Box | None] = [None] * count
+    for a, b in zip(known, known[1:], strict=False):
+        for frame in range(a, b):
+            t = (frame - a) / (b - a)
+            path[frame] = tuple(int(round((1 - t) * u + t * v)) for u, v in zip(track[a], track[b], strict=True))
+    if known:
+        path[known[-1]] = track[known[-1]]
+    return path
+
+
+def _device_video_faces(path: Path, frames: int, size: int, limits: InputLimits | None, crops: str, sample: str,
+                        decode: str, detect_every: int) -> VideoFaces:
+    from triskele.train.domains.deepfake.video import sample_frames
+
+    if detect_every < 1:
+        raise ValueError(f"--detect-every {detect_every}: give 1 (every sampled frame) or more")
+    sampled = sample_frames(path, frames, limits, sample=sample, decode=decode)
+    stack = np.stack(sampled.frames)
+    detected = sorted({*range(0, len(stack), detect_every), len(stack) - 1})
+    found = [[(box, score, None) for box, score in in_frame] for in_frame in device_faces(stack[detected])]
+    chosen = _main_track(found)
+    track = carried_track({at: box for at, box in zip(detected, chosen, strict=True) if box is not None}, len(stack))
+    video = VideoFaces(sampled.decoded, len(stack), [], [], [], {}, [], sampled.total)
+    for position, (index, box) in enumerate(zip(sampled.indices, track, strict=True)):
+        if box is None:
+            seen = found[detected.index(position)] if position in detected else None
+            video.left_out[index] = "no face" if not seen else "only faces off the tracked one"
+            continue
+        video.indices.append(index)
+        video.boxes.append(box)
+    positions = [sampled.indices.index(i) for i in video.indices]
+    if not positions:
+        return video
+    if check_face_crops(crops) == BOX:
+        video.crops = list(device_crops(stack[positions], video.boxes, size, ENLARGE))
+        video.landmarks = [None] * len(positions)
+        return video
+    for position, box in zip(positions, video.boxes, strict=True):
+        crop, landmarks = face_crop(stack[position], box, size, crops)
+        video.crops.append(crop)
+        video.landmarks.append(landmarks)
+    return video
 
 
 def crop_face_region(size: int) -> np.ndarray:
