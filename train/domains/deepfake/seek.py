@@ -92,11 +92,16 @@ def stream_index(path: Path, limits: InputLimits | None = None) -> StreamIndex |
     return StreamIndex([pts for pts, _ in packets], [key for _, key in packets], width, height)
 
 
+def uniform_indices(total: int, count: int) -> list[int]:
+    """`count` frame indices spread evenly over `total` frames (all of them if there are fewer)."""
+    if total <= count:
+        return list(range(total))
+    return sorted(set(np.linspace(0, total - 1, count).round().astype(int).tolist()))
+
+
 def keyframe_runs(index: StreamIndex, count: int) -> list[int]:
     """`count` frames (all, if the stream has fewer) as runs that start at keyframes spread
     uniformly over the stream's keyframes, each run at most as long as its group of pictures."""
-    from triskele.train.domains.deepfake.video import uniform_indices
-
     total = len(index.timestamps)
     if total <= count:
         return list(range(total))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 from triskele.train.config.schema import InputLimits
-from triskele.train.domains.deepfake.seek import KEYFRAMES, SAMPLING, UNIFORM
+from triskele.train.domains.deepfake.seek import KEYFRAMES, SAMPLING, UNIFORM, uniform_indices
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 
@@ -97,13 +97,6 @@ def _decode(path: Path, count: int, limits: InputLimits, each: Callable[[np.ndar
 def count_frames(path: Path, limits: InputLimits | None = None) -> int:
     """Frames that decode, counted by reading the stream to its end (no pixels converted)."""
     return _decode(Path(path), 0, limits or InputLimits(), lambda frame: frame)[2]
-
-
-def uniform_indices(total: int, count: int) -> list[int]:
-    """`count` frame indices spread evenly over `total` frames (all of them if there are fewer)."""
-    if total <= count:
-        return list(range(total))
-    return sorted(set(np.linspace(0, total - 1, count).round().astype(int).tolist()))
 
 
 SEEK, ALL = "seek", "all"
