@@ -64,7 +64,7 @@ class DeepfakeIO:
                  sample: str | None = None, decode: str | None = None, detect_every: int | None = None):
         from triskele.train.data.images import IMAGE_SUFFIXES
         from triskele.train.domains.deepfake.crops import run_crops, usable_crops
-        from triskele.train.domains.deepfake.device_faces import DLIB, check_face_detector
+        from triskele.train.domains.deepfake.detectors import DLIB, check_face_detector
         from triskele.train.domains.deepfake.seek import UNIFORM
         from triskele.train.domains.deepfake.video import SEEK, VIDEO_SUFFIXES
 

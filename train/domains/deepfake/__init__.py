@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from triskele.train.commands import Flag, bounded, folder
 from triskele.train.data.splits import check_split
 from triskele.train.domains.deepfake.crops import OLD_RUNS
-from triskele.train.domains.deepfake.device_faces import FACE_DETECTORS
+from triskele.train.domains.deepfake.detectors import FACE_DETECTORS
 from triskele.train.domains.deepfake.prepare import PREPARE
 from triskele.train.domains.deepfake.seek import SAMPLING
 from triskele.train.domains.deepfake.video import DECODING

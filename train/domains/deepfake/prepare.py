@@ -95,6 +95,7 @@ def prepare_video(task: tuple[Path, Path, Path, int, int, InputLimits, str]) -> 
             np.save(buffer, landmarks)
             write_atomically(landmarks_file(folder / f"{index:06d}.png", out), buffer.getvalue())
     entry.update(frames=str(folder.relative_to(out)) if faces.crops else None, frames_decoded=faces.frames_decoded,
+                 frames_in_video=faces.frames_in_video,
                  frames_sampled=faces.frames_sampled, frames_written=len(faces.crops), crops=crops,
                  landmarks_written=sum(points is not None for points in faces.landmarks),
                  left_out={str(i): why for i, why in faces.left_out.items()},
